@@ -67,6 +67,7 @@ struct OutputSpec {
   int table = 0;
   std::vector<int64_t> shape;  // input_shape; the Recv output adds [dim]
   int64_t positions = 0;       // product of shape: bags in the output
+  ::tensorflow::TensorShape recv_shape;  // shape + [dim]: Recv's output, Send's gradient
 };
 
 // The ids of one output of one enqueued batch, as CSR over the output's

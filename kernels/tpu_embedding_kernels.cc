@@ -811,16 +811,13 @@ class RecvOp : public OpKernel {
                 absl::InvalidArgumentError(absl::StrCat(
                     op_, ": num_outputs is ", ctx->num_outputs(), " and the op's config has ",
                     shapes_.size(), " outputs, but the configured engine has ", outs.size())));
-    std::vector<TensorShape> shapes(outs.size());
     for (size_t o = 0; o < outs.size(); ++o) {
-      for (int64_t d : outs[o].shape) shapes[o].AddDim(d);
-      shapes[o].AddDim(engine->config().table_descriptor(outs[o].table).dimension());
       TensorShape attr_shape;
       OP_REQUIRES_OK(ctx, TensorShape::BuildTensorShape(shapes_[o], &attr_shape));
-      OP_REQUIRES(ctx, attr_shape == shapes[o],
+      OP_REQUIRES(ctx, attr_shape == outs[o].recv_shape,
                   absl::InvalidArgumentError(absl::StrCat(
                       op_, ": output ", o, " has shape ", attr_shape.DebugString(),
-                      " in the op's config but ", shapes[o].DebugString(),
+                      " in the op's config but ", outs[o].recv_shape.DebugString(),
                       " in the configured engine's config")));
     }
     const int replica = DeviceReplica(ctx);
@@ -831,7 +828,7 @@ class RecvOp : public OpKernel {
     std::vector<float*> out(outs.size());
     for (size_t o = 0; o < outs.size(); ++o) {
       Tensor* t;
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(o, shapes[o], &t));
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(o, outs[o].recv_shape, &t));
       out[o] = t->flat<float>().data();
     }
     {
@@ -912,9 +909,7 @@ class SendOp : public OpKernel {
     }
     for (size_t o = 0; o < outs.size(); ++o) {
       const int t = outs[o].table;
-      TensorShape expected;
-      for (int64_t d : outs[o].shape) expected.AddDim(d);
-      expected.AddDim(e.table(t).dimension);
+      const TensorShape& expected = outs[o].recv_shape;
       const std::string who = absl::StrCat(
           op_, ": gradient ", o, " (",
           e.table_mode() ? "" : absl::StrCat("feature '", e.config().feature_descriptor(o).name(), "', "),
