@@ -92,7 +92,10 @@ void Engine::Shutdown() {
     g_engine = nullptr;
   }
   // Kernels still running hold their own references.
-  if (old != nullptr) old->Unref();
+  if (old != nullptr) {
+    old->CancelWaits("ShutdownTPUEmbedding ran while this op waited");
+    old->Unref();
+  }
 }
 
 std::string Engine::DebugString() const {
@@ -332,6 +335,9 @@ absl::Status Engine::Init(const std::string& config_bytes) {
   step_errors_.resize(num_replicas_);
   num_dynamic_ = tags.size();
   pipelined_ = config_.pipeline_execution_with_tensor_core();
+  absl::StatusOr<double> timeout = StepBarrier::TimeoutFromEnvironment();
+  if (!timeout.ok()) return timeout.status();
+  step_barrier_.set_timeout_seconds(*timeout);
   const char* check = std::getenv("TF_TPU_EMB_CHECK_NUMERICS");
   check_numerics_ = check != nullptr && (std::string(check) == "1" || std::string(check) == "true");
   return absl::OkStatus();
@@ -438,7 +444,10 @@ namespace tf_tpu_emb {
 absl::Status Engine::Submit(int replica, std::vector<::tensorflow::Tensor> gradients,
                             const std::vector<float>& dynamic_inputs,
                             ::tsl::thread::ThreadPool* pool) {
-  std::vector<std::unique_ptr<StepPart>> parts;
+  // Allocated before anything changes: an allocation failure leaves the
+  // engine as it was.
+  std::vector<std::unique_ptr<StepPart>> parts, fresh(num_replicas_);
+  auto part = std::make_unique<StepPart>();
   {
     std::unique_lock<std::mutex> lock(queue_mu_);
     if (in_flight_state_[replica] != kTraining) {
@@ -450,26 +459,31 @@ absl::Status Engine::Submit(int replica, std::vector<::tensorflow::Tensor> gradi
               : " has no batch to send gradients for: run RecvTPUEmbeddingActivations "
                 "first, and send once per Recv"));
     }
-    auto part = std::make_unique<StepPart>();
     part->batch = std::move(in_flight_[replica]);
     part->gradients = std::move(gradients);
     in_flight_state_[replica] = kNone;
     parts_[replica] = std::move(part);
     if (++submitted_ < num_replicas_) return absl::OkStatus();
     parts.swap(parts_);
-    parts_.resize(num_replicas_);
+    parts_.swap(fresh);
     submitted_ = 0;
     applying_ = true;
   }
-  {
+  auto applied = [this] {
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      applying_ = false;
+    }
+    step_barrier_.NotifyAll();
+  };
+  try {
     std::unique_lock<std::shared_mutex> tables(tables_mu_);
     ApplyStep(parts, dynamic_inputs, pool);
+  } catch (...) {
+    applied();  // waiting Recvs must not wait for a step that will not finish
+    throw;
   }
-  {
-    std::lock_guard<std::mutex> lock(queue_mu_);
-    applying_ = false;
-  }
-  step_cv_.notify_all();
+  applied();
   return absl::OkStatus();
 }
 
@@ -483,28 +497,41 @@ void Engine::AbortStep(const std::string& reason) {
     }
     submitted_ = 0;
   }
-  step_cv_.notify_all();
+  step_barrier_.NotifyAll();
 }
 
 absl::Status Engine::WaitForStep(int replica) {
   if (pipelined_) return absl::OkStatus();
   std::unique_lock<std::mutex> lock(queue_mu_);
-  const auto limit = std::chrono::seconds(600);
-  const bool done = step_cv_.wait_for(lock, limit, [&] {
-    return !step_errors_[replica].empty() || (!parts_[replica] && !applying_);
-  });
+  auto waiting = [&] {
+    std::string missing;
+    for (int r = 0; r < num_replicas_; ++r) {
+      if (!parts_[r]) absl::StrAppend(&missing, missing.empty() ? "" : ", ", r);
+    }
+    return absl::StrCat(
+        "RecvTPUEmbeddingActivations on replica ", replica,
+        applying_ ? " waited for the previous training step to be applied"
+                  : absl::StrCat(" waited for the previous step's gradients of replica(s) ",
+                                 missing, " (of ", num_replicas_,
+                                 "; num_tensor_cores), which never sent them"));
+  };
+  const absl::Status status = step_barrier_.Wait(
+      lock,
+      [&] { return !step_errors_[replica].empty() || (!parts_[replica] && !applying_); },
+      waiting);
+  if (!status.ok()) return status;
   if (!step_errors_[replica].empty()) {
     const std::string error = std::move(step_errors_[replica]);
     step_errors_[replica].clear();
     return absl::AbortedError(absl::StrCat(
         "RecvTPUEmbeddingActivations: the previous training step was aborted: ", error));
   }
-  if (!done) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "RecvTPUEmbeddingActivations on replica ", replica,
-        " waited 600 s for the other replicas to send the previous step's gradients"));
-  }
   return absl::OkStatus();
+}
+
+void Engine::CancelWaits(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(queue_mu_);
+  step_barrier_.Cancel(reason);
 }
 
 namespace {
