@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -69,13 +70,15 @@ absl::StatusOr<int64_t> BoundedProduct(const Factors& factors, int64_t limit,
   int64_t product = 1;
   bool overflow = false;
   std::string expr;
+  int n = 0;
   for (int64_t f : factors) {
-    absl::StrAppend(&expr, expr.empty() ? "" : " x ", f);
+    absl::StrAppend(&expr, n++ ? " x " : "", f);
     if (!overflow && !CheckedMul(product, f, &product)) overflow = true;
   }
   if (overflow || product > limit) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what, " is ", expr, overflow ? " (overflows int64)" : absl::StrCat(" = ", product),
+        what, " is ", expr,
+        overflow ? " (overflows int64)" : n > 1 ? absl::StrCat(" = ", product) : "",
         ", more than the limit ", limit));
   }
   return product;
@@ -422,11 +425,14 @@ inline absl::StatusOr<Quantization> TableQuantization(const OptimizationParamete
                "lower < upper and num_buckets >= 2"));
   }
   q.step = (q.upper - q.lower) / static_cast<float>(sq.num_buckets() - 1);
-  if (!std::isfinite(q.upper - q.lower) || !(q.step > 0) || !std::isfinite(q.step)) {
+  // The width must be a normal float: TF's threads flush denormals to zero,
+  // and the lookup divides by it.
+  if (!std::isfinite(q.upper - q.lower) || !(q.step >= std::numeric_limits<float>::min()) ||
+      !std::isfinite(q.step)) {
     return absl::InvalidArgumentError(absl::StrCat(
         label, ": simulated_quantization range [", q.lower, ", ", q.upper, "] with ",
         sq.num_buckets(), " buckets has bucket width ", q.upper - q.lower, " / ",
-        sq.num_buckets() - 1, ", which is not a positive finite float32"));
+        sq.num_buckets() - 1, ", which is not a normal, finite float32"));
   }
   return q;
 }

@@ -511,9 +511,9 @@ absl::Status Engine::WaitForStep(int replica) {
     return absl::StrCat(
         "RecvTPUEmbeddingActivations on replica ", replica,
         applying_ ? " waited for the previous training step to be applied"
-                  : absl::StrCat(" waited for the previous step's gradients of replica(s) ",
+                  : absl::StrCat(" waited for the previous step's gradients from replica(s) ",
                                  missing, " (of ", num_replicas_,
-                                 "; num_tensor_cores), which never sent them"));
+                                 ", num_tensor_cores), which never sent them"));
   };
   const absl::Status status = step_barrier_.Wait(
       lock,

@@ -60,8 +60,8 @@ class StepBarrier {
       if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && !cancelled_ &&
           !done()) {
         return absl::DeadlineExceededError(absl::StrCat(
-            waiting(), " for ", timeout_seconds_, " s (the limit ", kTimeoutVariable,
-            " sets)"));
+            waiting(), " (timed out after ", timeout_seconds_, " s; ", kTimeoutVariable,
+            " sets the limit)"));
       }
     }
     if (cancelled_) return absl::CancelledError(absl::StrCat(reason_, "; ", waiting()));
