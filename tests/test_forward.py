@@ -944,6 +944,26 @@ def test_table_mode_rank1_sample_indices():
     eu.assert_close(user, eu.reference_lookup(tables["user"][0], bags[1], "sqrtn"))
 
 
+def test_feature_mode_rank1_sample_indices():
+    """In a feature-descriptor config too, SparseTensorBatch takes rank-1
+    sample indices (sp_ids.indices[:, 0], TF's op doc): each id joins the bag
+    of its sample."""
+    config = _feature_config()
+    rng = np.random.default_rng(98)
+    bags = [eu.random_bags(rng, B, 10 if t == 0 else 16, weighted=True) for _, t in FEATURES]
+    args = []
+    for b in bags:
+        idx, ids, w = eu.sparse_to_enqueue(*eu.bags_to_sparse(b))
+        args.append((idx[:, 0], ids, w))
+    with eu.engine(config):
+        tables = eu.load_random_tables(config, 98)
+        eu.enqueue_sparse_tensor(args, table_ids=[0, 1, 0], combiners=["mean", "sqrtn", "sum"])
+        got = eu.recv(config)
+    names = {0: "video", 1: "user"}
+    for o, ((_, t), comb) in enumerate(zip(FEATURES, ["mean", "sqrtn", "sum"])):
+        eu.assert_close(got[o], eu.reference_lookup(tables[names[t]][0], bags[o], comb))
+
+
 def test_quantization_disabled_is_plain_lookup():
     config = eu.feature_mode_config([TableSpec("q", 10, 4, quantization=(-0.1, 0.1, 3))],
                                     [FeatureSpec("a", 0, [B])])
