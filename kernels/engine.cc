@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <chrono>
+#include <exception>
 #include <functional>
 #include <limits>
 #include <set>
@@ -659,9 +660,22 @@ void Engine::ApplyStep(const std::vector<std::unique_ptr<StepPart>>& parts,
                        ::tsl::thread::ThreadPool* pool) {
   const int num_tables = tables_.size();
   std::vector<TableStep> steps(num_tables);
+  // An exception must not leave a pool thread (it would terminate the
+  // process): the first one is rethrown here, to the kernel's guard.
+  std::exception_ptr thrown;
+  std::mutex thrown_mu;
   auto run = [&](int64_t n, int64_t cost, const std::function<void(int64_t, int64_t)>& fn) {
-    if (pool != nullptr) pool->ParallelFor(n, cost, fn);
-    else fn(0, n);
+    auto guarded = [&](int64_t begin, int64_t end) {
+      try {
+        fn(begin, end);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(thrown_mu);
+        if (!thrown) thrown = std::current_exception();
+      }
+    };
+    if (pool != nullptr) pool->ParallelFor(n, cost, guarded);
+    else guarded(0, n);
+    if (thrown) std::rethrow_exception(thrown);
   };
   // Per table: its hyper-parameters and every contribution of the global
   // batch (outputs in order, then replicas, then bags), grouped by partition.

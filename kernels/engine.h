@@ -142,7 +142,10 @@ class Engine : public ::tensorflow::ResourceBase {
   // Hands in replica's gradients for its in-flight batch.  When every
   // replica has sent, the step's update runs (before this returns) over the
   // global batch: per row, the sum of all contributions, then gradient
-  // clipping, the optimizer, weight decay and weight clipping.
+  // clipping, the optimizer, weight decay and weight clipping.  A C++
+  // exception while the update runs (an allocation failing) propagates to
+  // the kernel's guard; the step is over, rows updated before it keep their
+  // update, and waiting Recvs are released.
   absl::Status Submit(int replica, std::vector<::tensorflow::Tensor> gradients,
                       const std::vector<float>& dynamic_inputs,
                       ::tsl::thread::ThreadPool* pool);

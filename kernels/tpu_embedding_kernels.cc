@@ -874,15 +874,16 @@ class RecvOp : public OpKernel {
     }
     const int replica = DeviceReplica(ctx);
     OP_REQUIRES_OK(ctx, ReplicaInRange(op_, replica, *engine));
-    OP_REQUIRES_OK(ctx, engine->WaitForStep(replica));
-    Batch batch;
-    OP_REQUIRES_OK(ctx, engine->Dequeue(replica, &batch));
+    // Outputs first: a failed allocation must not lose the queued batch.
     std::vector<float*> out(outs.size());
     for (size_t o = 0; o < outs.size(); ++o) {
       Tensor* t;
       OP_REQUIRES_OK(ctx, ctx->allocate_output(o, outs[o].recv_shape, &t));
       out[o] = t->flat<float>().data();
     }
+    OP_REQUIRES_OK(ctx, engine->WaitForStep(replica));
+    Batch batch;
+    OP_REQUIRES_OK(ctx, engine->Dequeue(replica, &batch));
     {
       std::shared_lock<std::shared_mutex> lock(engine->tables_mutex());
       engine->Lookup(batch, out, ctx->device()->tensorflow_cpu_worker_threads()->workers);
