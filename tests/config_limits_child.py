@@ -90,12 +90,13 @@ def recv_waits(raw, config):
             eu.recv(config)
         except tf.errors.OpError as e:
             outcome["error"] = e
-    thread = threading.Thread(target=waiting_recv)
+    # daemon: a Recv that never returns (the bug) must not keep the child alive
+    thread = threading.Thread(target=waiting_recv, daemon=True)
     thread.start()
     if "TF_TPU_EMB_STEP_TIMEOUT_SECONDS" not in os.environ:
         thread.join(2.0)  # let the Recv start waiting (if it has not, it fails differently)
         eu.shutdown()
-    thread.join(300)
+    thread.join(120)  # a hang, not a slow machine: the fixed wait ends at once
     result = {"finished": not thread.is_alive()}
     eu.shutdown()
     tf.raw_ops.ConfigureTPUEmbedding(config=raw)

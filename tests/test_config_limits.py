@@ -148,8 +148,9 @@ CHILD_CASES = {
 
 @pytest.fixture(scope="module")
 def child_results():
-    """Runs every CHILD_CASES case in one child process: name -> result, or
-    name -> {"crashed": ...} for the case the child died in."""
+    """Runs the CHILD_CASES cases in a child process: name -> result, or
+    name -> {"crashed": ...} for a case the child died in (a new child then
+    goes on with the cases after it)."""
     cases = [{"name": name, "config": base64.b64encode(eu.serialize(c)).decode(),
               "action": action, "env": env}
              for name, (c, action, env, _, _) in CHILD_CASES.items()]
@@ -157,20 +158,25 @@ def child_results():
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     for var in ("TF_TPU_EMB_MEMORY_LIMIT_BYTES", "TF_TPU_EMB_STEP_TIMEOUT_SECONDS"):
         env.pop(var, None)
-    proc = subprocess.run([sys.executable, os.path.join(here, "config_limits_child.py")],
-                          input=json.dumps(cases), capture_output=True, text=True, env=env,
-                          timeout=1200)
-    results, started = {}, None
-    for line in proc.stdout.splitlines():
-        if line.startswith("START "):
-            started = line[len("START "):]
-        elif line.startswith("{"):
-            r = json.loads(line)
-            results[r["name"]] = r
-            started = None
-    if started is not None:
+    results = {}
+    while cases:
+        proc = subprocess.run([sys.executable, os.path.join(here, "config_limits_child.py")],
+                              input=json.dumps(cases), capture_output=True, text=True,
+                              env=env, timeout=1200)
+        started = None
+        for line in proc.stdout.splitlines():
+            if line.startswith("START "):
+                started = line[len("START "):]
+            elif line.startswith("{"):
+                r = json.loads(line)
+                results[r["name"]] = r
+                started = None
+        if started is None:
+            assert proc.returncode == 0 and "DONE" in proc.stdout, proc.stderr[-3000:]
+            break
         results[started] = {"crashed": "child exited with %d during this case; stderr:\n%s"
                                        % (proc.returncode, proc.stderr[-3000:])}
+        cases = [c for c in cases if c["name"] not in results]
     return results
 
 
