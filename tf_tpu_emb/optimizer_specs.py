@@ -219,7 +219,8 @@ delta = lr * g / sqrt(a_eff), clipped to [-max_var_update, max_var_update]
         if max_var_update > 0
 w = w - delta;  a = a_new""",
         reconstruction="TF publishes only the meaning of the parameters "
-                       "(spec §5.4); the formula above is tf_tpu_emb's "
+                       "(docs/tpu_embedding_semantics.md §5.4); the formula "
+                       "above is tf_tpu_emb's "
                        "reconstruction."),
     OptimizerInfo("adam", "ADAM", ("momenta", "velocities"), True,
                   slot_init=(0.0, 0.0), tf_class="Adam", non_lazy_field="use_non_lazy_adam",
@@ -318,7 +319,8 @@ sigma = (sqrt(v_new) - sqrt(v)) / lr
 z = z + g - sigma * w
 w = (clip(z, -l1, l1) - z) / (sqrt(v_new) / lr + 2 * l2);  v = v_new
 (v = `vs`, z = `linears`)""",
-        reconstruction="TF does not publish the formula (spec §5.13: Yogi "
+        reconstruction="TF does not publish the formula "
+                       "(docs/tpu_embedding_semantics.md §5.13: Yogi "
                        "\"plus some extensions based on FTRL\"); the rule above "
                        "-- FTRL whose accumulator is Yogi's second moment -- is "
                        "tf_tpu_emb's reconstruction."),
@@ -338,7 +340,8 @@ m = beta_1 * m + (1 - beta_1) * g
 v = v - (1 - beta_2) * sign(v - g^2) * g^2
 eta = lr / (sqrt(v) + epsilon);  u = w - eta * m
 w = sign(u) * max(|u| - eta * l1, 0) / (1 + eta * l2)""",
-        reconstruction="TF does not publish the TPU formula (spec §5.14); the "
+        reconstruction="TF does not publish the TPU formula "
+                       "(docs/tpu_embedding_semantics.md §5.14); the "
                        "rule above (TF-Addons' Yogi with proximal L1/L2) is "
                        "tf_tpu_emb's reconstruction. Bias correction, as for "
                        "Adam, goes through a dynamic learning rate."),
@@ -374,7 +377,8 @@ Estimated frequency = 1 / D; initialise the table to max_delta
         reconstruction="The update sequence is the proto's; that the learning "
                        "rate carries the global step follows TF v1's "
                        "documentation and is how tf_tpu_emb's engine reads it "
-                       "(a reconstruction of the TPU behaviour, spec §5.15)."),
+                       "(a reconstruction of the TPU behaviour, "
+                       "docs/tpu_embedding_semantics.md §5.15)."),
     OptimizerInfo(
         "lion", "Lion", ("momenta",), False,
         slot_init=(0.0,), class_name="Lion",
@@ -424,8 +428,9 @@ scale = (step / counter)^probability_exponent, capped at max_lr_multiplier if > 
 update = g * scale / sqrt(a) [+ l1 * sign(w) if l1 > 0] [+ l2 * w if l2 > 0]
 w = w - lr * update
 (a = `accumulators`, counter = `counters`, step = the step counter)""",
-        reconstruction="The proto's text is internally inconsistent (spec "
-                       "§5.18); the rule above, with the frequency estimate "
+        reconstruction="The proto's text is internally inconsistent "
+                       "(docs/tpu_embedding_semantics.md §5.18); the rule above, "
+                       "with the frequency estimate "
                        "counter / step, is tf_tpu_emb's reconstruction."),
     OptimizerInfo(
         "assign", "Assign", (), False,

@@ -16,8 +16,9 @@ TensorFlow's ``tpu_embedding_v2_utils._Optimizer``, so they work wherever TF's
 own ``tf.tpu.experimental.embedding.SGD/Adagrad/AdagradMomentum/Adam/FTRL``
 do (``TableConfig(optimizer=...)``, ``TPUEmbedding*``, ``_create_slots``,
 ``_slot_names``/``_slot_initializers``, ``_load``/``_retrieve``), without the
-protobuf-7 bug of TF's ``_set_optimization_parameters`` (spec §7.3: a Python
-bool assigned to the enum ``low_dimensional_packing_status``).  For TF's own
+protobuf-7 bug of TF's ``_set_optimization_parameters``
+(docs/tpu_embedding_semantics.md §7.3: a Python bool assigned to the enum
+``low_dimensional_packing_status``).  For TF's own
 classes use :func:`fix_tf_optimizer`, and build table descriptors from any of
 them with :func:`table_descriptor_for`.
 
@@ -218,7 +219,7 @@ class EmbeddingOptimizer(_Optimizer):
             parameters.weight_decay_factor = self.weight_decay_factor
             if self.multiply_weight_decay_factor_by_learning_rate:
                 parameters.multiply_weight_decay_factor_by_learning_rate = True
-        # The enum, not TF's bool (spec §7.3).
+        # The enum, not TF's bool (docs/tpu_embedding_semantics.md §7.3).
         parameters.low_dimensional_packing_status = (
             _PACKING.ENABLED if self.low_dimensional_packing_status else _PACKING.UNSPECIFIED)
         msg = getattr(parameters, info.proto_field)
@@ -359,7 +360,7 @@ def fix_tf_optimizer(optimizer):
     """A shallow copy of TF's optimizer object whose
     ``low_dimensional_packing_status`` is the enum int (ENABLED = 1 if it was
     truthy, else UNSPECIFIED = 0), so that TF's ``_set_optimization_parameters``
-    and ``TableConfig._set_table_descriptor`` work under protobuf 7 (spec
+    and ``TableConfig._set_table_descriptor`` work under protobuf 7 (docs/tpu_embedding_semantics.md
     §7.3).  The original is not modified; the copy compares and hashes equal to
     it.  Our own classes do not need it and are returned unchanged.
 
