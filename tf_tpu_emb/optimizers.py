@@ -294,7 +294,7 @@ def _class_doc(info, params):
     if not info.core_has_table_ops:
         lines += ["", "TF 2.21 registers no per-table Load/Retrieve op for this "
                   "optimizer; `_load()`/`_retrieve()` return tf_tpu_emb's "
-                  "(TfTpuEmb>Load/RetrieveTPUEmbedding%sParameters)." % info.op_infix]
+                  "(TfTpuEmb>%s, TfTpuEmb>%s)." % (info.load_op, info.retrieve_op)]
     if info.slots:
         slots = ", ".join(
             "`%s` (initial value %s)" % (s, ("`%s`" % v) if isinstance(v, str) else v)
