@@ -148,6 +148,7 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                 if not any(fn is known for known in self._dynamic_inputs):
                     self._dynamic_inputs.append(fn)
         self._output_shapes = [tf.TensorShape(f.output_shape) for f in self._flat_features]
+        self._combiners = [t.combiner for t in self._table_config]
         self._strategy = tf.distribute.get_strategy()
         self._num_replicas = self._strategy.num_replicas_in_sync
         self._built = False
@@ -469,7 +470,7 @@ class TPUEmbedding(autotrackable.AutoTrackable):
             mode = "train" if training else "inference"
         else:
             mode = tf.where(tf.convert_to_tensor(training), "train", "inference")
-        combiners = [t.combiner for t in self._table_config]
+        combiners = self._combiners
         if dynamic:
             return ops.dynamic_enqueue_tpu_embedding_arbitrary_tensor_batch(
                 indices, values, weights, device_ordinal, combiners=combiners,

@@ -612,9 +612,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
             batch = shape[0] if shape else None
             if f.output_shape is not None and f.output_shape.rank:
                 dims = [batch] + f.output_shape.as_list()[1:]
-            elif getattr(x, "ragged", False) or isinstance(x, tf.RaggedTensor):
-                dims = [batch, f.max_sequence_length] if f.max_sequence_length else [batch]
-            else:
+            else:  # ragged inputs are [batch, None]: bags, or sequences
                 dims = layout_lib.output_shape(f, shape)
             out.append(list(dims) + [f.table.dim])
         return out
