@@ -127,14 +127,14 @@ absl::Status Engine::Create(const std::string& config_bytes,
 
 namespace {
 
-// Collects the OptimizerDynamicInput tags of a table (learning rate and, for
-// FrequencyAwareAdagrad, the step counter).
-void CollectDynamicTags(const OptimizationParameters& p, std::set<int>* tags) {
+// Collects the OptimizerDynamicInput tags of a table: its learning rate and
+// its optimizer's other dynamic inputs.
+void CollectDynamicTags(const OptimizationParameters& p, const OptimizerSpec& spec,
+                        std::set<int>* tags) {
   if (p.learning_rate().has_dynamic()) tags->insert(p.learning_rate().dynamic().tag());
-  if (p.has_frequency_aware_adagrad() &&
-      p.frequency_aware_adagrad().has_step_counter()) {
-    tags->insert(p.frequency_aware_adagrad().step_counter().tag());
-  }
+  std::vector<int> extra;
+  spec.dynamic_tags(p, &extra);
+  tags->insert(extra.begin(), extra.end());
 }
 
 // Reads the first integer after `key` in a /proc or /sys file; -1 if absent.
@@ -275,7 +275,7 @@ absl::Status Engine::Init(const std::string& config_bytes) {
           label, " has a negative dynamic learning rate tag ",
           p.learning_rate().dynamic().tag()));
     }
-    CollectDynamicTags(p, &tags);
+    CollectDynamicTags(p, *spec, &tags);
     Table& table = tables_[t];
     table.name = desc.name();
     table.vocabulary_size = desc.vocabulary_size();
@@ -318,14 +318,11 @@ absl::Status Engine::Init(const std::string& config_bytes) {
     auto params = std::make_unique<FloatBuffer>();
     TF_RETURN_IF_ERROR(params->Allocate(n, 0.0f));
     table.state.push_back(std::move(params));
-    for (const SlotSpec& slot : table.optimizer->slots) {
-      float init = slot.initial_value;
-      if (table.params.has_frequency_aware_adagrad() &&
-          std::string(slot.name) == "accumulators") {
-        init = table.params.frequency_aware_adagrad().initial_accumulator_value();
-      }
+    float init[kMaxSlots];
+    table.optimizer->slot_init(table.params, init);
+    for (size_t i = 0; i < table.optimizer->slots.size(); ++i) {
       auto buf = std::make_unique<FloatBuffer>();
-      TF_RETURN_IF_ERROR(buf->Allocate(n, init));
+      TF_RETURN_IF_ERROR(buf->Allocate(n, init[i]));
       table.state.push_back(std::move(buf));
     }
   }
@@ -547,8 +544,8 @@ struct Contribution {
 
 struct TableStep {
   Table* table = nullptr;
-  RowArgs args{};  // lr, dynamic, hp; row pointers filled per row
-  float hp[kMaxHyper] = {};
+  RowArgs args{};  // lr; row pointers filled per row
+  HyperParams hp{};  // hyper-parameters and this step's dynamic inputs
   float decay = 0;  // effective weight decay factor
   bool clip_g_lo = false, clip_g_hi = false, clip_w_lo = false, clip_w_hi = false;
   float g_lo = 0, g_hi = 0, w_lo = 0, w_hi = 0;
@@ -568,7 +565,7 @@ void UpdateRow(const TableStep& ts, int64_t id, float* g, float* w_old) {
   for (size_t i = 1; i < t.state.size(); ++i) a.s[i - 1] = t.state[i]->data() + id * dim;
   a.g = g;
   a.dim = dim;
-  a.hp = ts.hp;
+  a.hp = &ts.hp;
   if (ts.clip_g_lo || ts.clip_g_hi) {
     const float lo = ts.clip_g_lo ? ts.g_lo : -std::numeric_limits<float>::infinity();
     const float hi = ts.clip_g_hi ? ts.g_hi : std::numeric_limits<float>::infinity();
@@ -685,14 +682,12 @@ void Engine::ApplyStep(const std::vector<std::unique_ptr<StepPart>>& parts,
       Table& table = tables_[t];
       const OptimizationParameters& p = table.params;
       ts.table = &table;
-      table.optimizer->read(p, ts.hp);
+      table.optimizer->read(p, &ts.hp);
+      table.optimizer->bind_dynamic(p, dynamic_inputs, &ts.hp);
       const float lr = p.learning_rate().has_dynamic()
                            ? dynamic_inputs[p.learning_rate().dynamic().tag()]
                            : p.learning_rate().constant();
       ts.args.lr = lr;
-      if (p.has_frequency_aware_adagrad() && p.frequency_aware_adagrad().has_step_counter()) {
-        ts.args.dynamic = dynamic_inputs[p.frequency_aware_adagrad().step_counter().tag()];
-      }
       ts.decay = p.weight_decay_factor() *
                  (p.multiply_weight_decay_factor_by_learning_rate() ? lr : 1.0f);
       const auto& gc = p.gradient_clipping_limits();

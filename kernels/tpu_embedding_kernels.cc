@@ -48,6 +48,24 @@ void RegisterCpuKernel(const std::string& bare_name, bool core = true) {
   }
 }
 
+// Registers a per-table Load/Retrieve kernel bound to its optimizer's table
+// entry, under our prefix and, where TF has the op, under TF's name.
+template <typename Kernel>
+void RegisterTableKernel(const char* bare_name, const OptimizerSpec* spec) {
+  struct Factory : ::tensorflow::kernel_factory::OpKernelFactory {
+    explicit Factory(const OptimizerSpec* s) : spec(s) {}
+    OpKernel* Create(OpKernelConstruction* c) override { return new Kernel(c, spec); }
+    const OptimizerSpec* spec;
+  };
+  std::vector<std::string> names = {kPrefix + std::string(bare_name)};
+  if (spec->core_has_table_ops) names.push_back(bare_name);
+  for (const std::string& name : names) {
+    new ::tensorflow::kernel_factory::OpKernelRegistrar(
+        ::tensorflow::KernelDefBuilder(name.c_str()).Device(::tensorflow::DEVICE_CPU).Build(),
+        name, std::make_unique<Factory>(spec));
+  }
+}
+
 // The op's name without our prefix, for error messages.
 std::string BareOpName(OpKernelConstruction* c) {
   std::string name = c->def().op();
@@ -999,7 +1017,10 @@ struct TableShard {
 
 class TableOpBase : public OpKernel {
  public:
-  explicit TableOpBase(OpKernelConstruction* ctx) : OpKernel(ctx), op_(BareOpName(ctx)) {
+  // `optimizer`: the table entry whose Load/Retrieve op this kernel serves
+  // (bound at registration, see RegisterTableKernel).
+  TableOpBase(OpKernelConstruction* ctx, const OptimizerSpec* optimizer)
+      : OpKernel(ctx), op_(BareOpName(ctx)), optimizer_(optimizer) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("table_id", &table_id_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("table_name", &table_name_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_shards", &num_shards_));
@@ -1007,15 +1028,6 @@ class TableOpBase : public OpKernel {
     OP_REQUIRES(ctx, (table_id_ >= 0) != !table_name_.empty(),
                 absl::InvalidArgumentError(absl::StrCat(
                     op_, ": exactly one of table_id or table_name must be non-default")));
-    // "LoadTPUEmbedding<infix>Parameters" / "RetrieveTPUEmbedding<infix>Parameters"
-    for (const OptimizerSpec& spec : AllOptimizers()) {
-      if (op_ == absl::StrCat("LoadTPUEmbedding", spec.op_infix, "Parameters") ||
-          op_ == absl::StrCat("RetrieveTPUEmbedding", spec.op_infix, "Parameters")) {
-        optimizer_ = &spec;
-      }
-    }
-    OP_REQUIRES(ctx, optimizer_ != nullptr,
-                absl::InternalError(absl::StrCat("no optimizer for op ", op_)));
   }
 
  protected:
@@ -1084,7 +1096,7 @@ class TableOpBase : public OpKernel {
   int table_id_ = -1;
   std::string table_name_;
   int num_shards_ = 0, shard_id_ = 0;
-  const OptimizerSpec* optimizer_ = nullptr;
+  const OptimizerSpec* const optimizer_;
 };
 
 class LoadTableOp : public TableOpBase {
@@ -1267,11 +1279,9 @@ bool RegisterKernels() {
   RegisterCpuKernel<LoadAllOp>("LoadAllTPUEmbeddingParameters");
   RegisterCpuKernel<RetrieveAllOp>("RetrieveAllTPUEmbeddingParameters");
   for (const OptimizerSpec& spec : AllOptimizers()) {
-    if (spec.which == OptimizationParameters::kUserDefinedProgram) continue;
-    RegisterCpuKernel<LoadTableOp>(absl::StrCat("LoadTPUEmbedding", spec.op_infix, "Parameters"),
-                                   spec.core_has_table_ops);
-    RegisterCpuKernel<RetrieveTableOp>(
-        absl::StrCat("RetrieveTPUEmbedding", spec.op_infix, "Parameters"), spec.core_has_table_ops);
+    if (spec.load_op == nullptr) continue;  // no per-table ops
+    RegisterTableKernel<LoadTableOp>(spec.load_op, &spec);
+    RegisterTableKernel<RetrieveTableOp>(spec.retrieve_op, &spec);
   }
   return true;
 }

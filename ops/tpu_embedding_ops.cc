@@ -217,21 +217,17 @@ void AddTableSelectorAttrs(OpDefBuilderWrapper& op) {
 // registry: the tensors are "parameters" followed by the optimizer's slots.
 void RegisterTableLoadRetrieveOps(const std::string& prefix) {
   for (const OptimizerSpec& spec : AllOptimizers()) {
-    if (spec.which == OptimizationParameters::kUserDefinedProgram) continue;
+    if (spec.load_op == nullptr) continue;  // no per-table ops
     std::vector<std::string> tensors = {"parameters"};
     for (const SlotSpec& slot : spec.slots) tensors.push_back(slot.name);
 
-    OpDefBuilderWrapper load(
-        absl::StrCat(prefix, "LoadTPUEmbedding", spec.op_infix, "Parameters")
-            .c_str());
+    OpDefBuilderWrapper load(absl::StrCat(prefix, spec.load_op).c_str());
     for (const auto& t : tensors) load.Input(absl::StrCat(t, ": float"));
     AddTableSelectorAttrs(load);
     load.SetShapeFn(LoadTableShapeFn);
     load();
 
-    OpDefBuilderWrapper retrieve(
-        absl::StrCat(prefix, "RetrieveTPUEmbedding", spec.op_infix,
-                     "Parameters").c_str());
+    OpDefBuilderWrapper retrieve(absl::StrCat(prefix, spec.retrieve_op).c_str());
     for (const auto& t : tensors) retrieve.Output(absl::StrCat(t, ": float"));
     AddTableSelectorAttrs(retrieve);
     retrieve.SetShapeFn(RetrieveTableShapeFn);

@@ -1,6 +1,6 @@
 """Helpers for the engine tests: config builders, an engine context manager,
 random table loading, a numpy reference lookup written from the spec formulas
-(docs: /work/shared/spec/tpu_embedding_semantics.md §4.2), converters from
+(docs: docs/tpu_embedding_semantics.md §4.2), converters from
 tf.SparseTensor / tf.RaggedTensor / dense ids into enqueue arguments (the way
 TF's v2 mid-level API builds them, spec §4.4) and a TPUEmbeddingForServing
 oracle (spec §4.7).

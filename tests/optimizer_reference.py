@@ -1,5 +1,5 @@
 """numpy reference of the TPU embedding training step, written from the spec
-(/work/shared/spec/tpu_embedding_semantics.md §4.3 backward semantics, §5.0
+(docs/tpu_embedding_semantics.md §4.3 backward semantics, §5.0
 per-step pipeline, §5.1-5.18 optimizer formulas) and independent of the C++
 engine.  Everything is computed in float64.
 

@@ -7,17 +7,14 @@ however, sees per-*lookup* activations (a feature's slice of a table output),
 and TensorFlow's autodiff hands back per-lookup gradients.  This module
 joins the two ends, in the three ways TensorFlow programs are written.
 
-**Layout** (:class:`Layout`, :func:`slice_activations`, :func:`send_gradients_op`)
-  describes which Recv output each lookup comes from.  Feature-descriptor
-  configs have one output per feature (``input_shape + [dim]``); table configs
-  have one output per table (``[batch * num_features, dim]``, row
-  ``b * num_features + f``) shared by the table's features in the order the
-  caller gives (a sequence feature of length L takes L consecutive
-  rows-per-sample).  :func:`slice_activations` is TF1's
+**Layout and Send** (:mod:`tf_tpu_emb.layout`, :mod:`tf_tpu_emb.send`; the
+  names stay importable from here).  :class:`Layout` describes which Recv
+  output each lookup comes from; :func:`slice_activations` is TF1's
   ``TPUEmbedding.get_activations`` and :func:`send_gradients_op` is the exact
-  inverse of it, TF1's ``generate_send_gradients_op`` (spec §3.3).
+  inverse of it, TF1's ``generate_send_gradients_op``
+  (docs/tpu_embedding_semantics.md §3.3).
 
-**TF1 graphs: the collection protocol** (spec §3.1, §3.2).
+**TF1 graphs: the collection protocol** (docs/tpu_embedding_semantics.md §3.1, §3.2).
   The registered gradient of ``TPUEmbeddingActivations`` stores
   ``identity(dL/d(activation))`` at index ``lookup_id`` of the graph
   collection ``tpu_embedding_gradients_table_<table_id>`` and returns zeros
@@ -74,32 +71,30 @@ joins the two ends, in the three ways TensorFlow programs are written.
   not needed: in graph mode ``custom_gradient`` is exactly that, plus the
   explicit tape record that ``tf.function`` needs.
 
-Ordering: nothing orders a Send after its Recv when the gradients do not
-depend on the activations (a loss linear in them).  A TF1 graph has no
-automatic control dependencies at all; ``tf.function``'s chain resource-less
-stateful ops in program order, but not TF's core-named enqueue ops (listed as
-order-insensitive).  So the Send built here always carries a control
-dependency on the Recv outputs it answers (``hook_step``) or on
-``control_inputs`` (``send_gradients_op``); the enqueue -> Recv dependency is
-the caller's.
+Ordering: the Send always carries a control dependency on the Recv outputs
+it answers (``hook_step``) or on ``control_inputs`` (``send_gradients_op``);
+see :mod:`tf_tpu_emb.send`.
 """
 import collections
-import dataclasses
 import warnings
-from typing import Tuple
 
 import tensorflow as tf
-from tensorflow.core.protobuf.tpu import tpu_embedding_configuration_pb2 as _config_pb2
 from tensorflow.python.framework import ops as _tf_ops
 
 from tf_tpu_emb import ops as _ops
+from tf_tpu_emb import send as _send
+# The layout and the Send builder live in their own modules; their names stay
+# importable from here.
+from tf_tpu_emb.layout import Layout, LayoutFeature, slice_activations  # noqa: F401
+from tf_tpu_emb.send import MissingGradientWarning, send_gradients_op  # noqa: F401
 
 __all__ = [
     "LayoutFeature", "Layout", "MissingGradientWarning", "slice_activations",
     "send_gradients_op", "create_dummy_table_variables",
     "hook_dummy_table_variables_to_activations",
     "get_gradients_through_dummy_table_variables", "create_dummy_variables",
-    "hook_step", "DUMMY_TABLE_VARIABLES_COLLECTION", "gradient_collection_name",
+    "hook_step", "gradient_barrier", "DUMMY_TABLE_VARIABLES_COLLECTION",
+    "gradient_collection_name",
 ]
 
 #: Graph collection holding the TF1 dummy table variables (not GLOBAL_VARIABLES,
@@ -110,315 +105,6 @@ DUMMY_TABLE_VARIABLES_COLLECTION = "tpu_embedding_dummy_table_variables"
 def gradient_collection_name(table_id):
     """Name of the graph collection receiving the gradients of a table's lookups."""
     return "tpu_embedding_gradients_table_%d" % table_id
-
-
-class MissingGradientWarning(UserWarning):
-    """A lookup of a training step got no gradient; zeros are sent for it."""
-
-
-_MISSING_MESSAGE = ("No gradient passed for feature %s, sending zero gradient. This may not "
-                    "be correct behavior for certain optimizers like Adam.")
-
-
-# ===================================================================== layout
-
-@dataclasses.dataclass(frozen=True)
-class LayoutFeature:
-    """One lookup (a feature's activation) and where it sits in Recv's outputs.
-
-    ``table_id``/``lookup_id`` are the attributes of its
-    ``TPUEmbeddingActivations`` op; ``output`` is the index of the Recv output
-    holding it.  Table mode: the output, reshaped to ``[batch, num_features,
-    dim]``, holds this feature at ``[:, offset:offset + width, :]``; ``width``
-    is 1 for a plain feature (activation ``[batch, dim]``) and the sequence
-    length for a sequence feature (activation ``[batch, L, dim]``).  Feature
-    mode: the whole output is the activation (``offset = width = 0``).
-    ``shape`` is the activation's static shape.
-    """
-    name: str
-    table_id: int
-    lookup_id: int
-    output: int
-    shape: Tuple[int, ...]
-    offset: int = 0
-    width: int = 0
-    sequence_length: int = 0
-
-
-def _parse_config(config):
-    if isinstance(config, (bytes, bytearray)):
-        c = _config_pb2.TPUEmbeddingConfiguration()
-        c.ParseFromString(bytes(config))
-        return c
-    if isinstance(config, _config_pb2.TPUEmbeddingConfiguration):
-        return config
-    raise TypeError("config must be a TPUEmbeddingConfiguration or its serialization, got %r"
-                    % type(config).__name__)
-
-
-def _dynamic_tags(message, tags):
-    """Collects the tags of every OptimizerDynamicInput inside `message` (the
-    dynamic learning rate, FrequencyAwareAdagrad's step counter, ...)."""
-    for field, value in message.ListFields():
-        if field.message_type is None:
-            continue
-        values = [value] if hasattr(value, "ListFields") else value  # repeated
-        for v in values:
-            if field.message_type.full_name == "tensorflow.tpu.OptimizerDynamicInput":
-                tags.add(v.tag)
-            else:
-                _dynamic_tags(v, tags)
-
-
-def _feature_entry(entry):
-    if isinstance(entry, str):
-        return entry, 0
-    name, length = entry
-    if not isinstance(name, str) or int(length) < 0:
-        raise ValueError("a table-mode feature is a name or (name, max_sequence_length >= 0), "
-                         "got %r" % (entry,))
-    return name, int(length)
-
-
-@dataclasses.dataclass(frozen=True)
-class Layout:
-    """What Recv returns and how lookups map onto it (build with :meth:`from_config`).
-
-    ``output_tables[o]`` / ``output_shapes[o]``: table and shape of Recv
-    output ``o`` (engine order).  ``features``: every lookup, in engine order
-    (table mode: tables in config order, each table's features in the order
-    given; feature mode: feature descriptors in config order).
-    ``num_dynamic_inputs``: how many ``learning_rates`` a Send takes.
-    """
-    config: bytes
-    feature_mode: bool
-    table_names: Tuple[str, ...]
-    table_dims: Tuple[int, ...]
-    batch_size: int
-    output_tables: Tuple[int, ...]
-    output_shapes: Tuple[Tuple[int, ...], ...]
-    features: Tuple[LayoutFeature, ...]
-    num_dynamic_inputs: int
-
-    @classmethod
-    def from_config(cls, config, table_features=None):
-        """Layout of a ``TPUEmbeddingConfiguration`` (proto or serialized bytes).
-
-        Feature mode (the config has feature descriptors): one lookup per
-        descriptor, named after it (``feature_<i>`` when unnamed), with
-        ``lookup_id`` = its index among the descriptors of its table.  Leave
-        ``table_features`` unset.
-
-        Table mode: ``table_features`` gives each table's features in the order
-        of their rows, as a list indexed by table id or a mapping from table
-        name; a feature is a name or ``(name, max_sequence_length)`` (0 = not
-        a sequence).  ``lookup_id`` = index in that list, and the widths must
-        add up to the table's ``num_features``.
-        """
-        c = _parse_config(config)
-        names = tuple(t.name for t in c.table_descriptor)
-        dims = tuple(int(t.dimension) for t in c.table_descriptor)
-        tags = set()
-        for t in c.table_descriptor:
-            _dynamic_tags(t.optimization_parameters, tags)
-        features = []
-        if len(c.feature_descriptor):
-            if table_features is not None:
-                raise ValueError("table_features is only for configs without feature "
-                                 "descriptors")
-            per_table = collections.Counter()
-            for i, fd in enumerate(c.feature_descriptor):
-                t = fd.table_id
-                if not 0 <= t < len(names):
-                    raise ValueError("feature descriptor %d has table_id %d outside [0, %d)"
-                                     % (i, t, len(names)))
-                features.append(LayoutFeature(
-                    name=fd.name or "feature_%d" % i, table_id=t, lookup_id=per_table[t],
-                    output=i, shape=tuple(fd.input_shape) + (dims[t],)))
-                per_table[t] += 1
-            output_tables = tuple(f.table_id for f in features)
-            output_shapes = tuple(f.shape for f in features)
-            batch = 0
-        else:
-            if table_features is None:
-                raise ValueError("a config without feature descriptors needs table_features: "
-                                 "the features of each table in row order")
-            if isinstance(table_features, collections.abc.Mapping):
-                unknown = set(table_features) - set(names)
-                if unknown:
-                    raise ValueError("table_features names unknown table(s) %s; the config "
-                                     "has %s" % (sorted(unknown), list(names)))
-                table_features = [table_features.get(n, ()) for n in names]
-            table_features = list(table_features)
-            if len(table_features) != len(names):
-                raise ValueError("table_features has %d entries but the config has %d tables"
-                                 % (len(table_features), len(names)))
-            batch = int(c.batch_size_per_tensor_core)
-            for t, entries in enumerate(table_features):
-                offset = 0
-                for k, entry in enumerate(entries):
-                    name, length = _feature_entry(entry)
-                    width = length or 1
-                    shape = (batch, length, dims[t]) if length else (batch, dims[t])
-                    features.append(LayoutFeature(
-                        name=name, table_id=t, lookup_id=k, output=t, shape=shape,
-                        offset=offset, width=width, sequence_length=length))
-                    offset += width
-                if offset != c.table_descriptor[t].num_features:
-                    raise ValueError(
-                        "table '%s' has num_features %d but its features %s take %d rows "
-                        "per sample" % (names[t], c.table_descriptor[t].num_features,
-                                        [_feature_entry(e)[0] for e in entries], offset))
-            output_tables = tuple(range(len(names)))
-            output_shapes = tuple((batch * c.table_descriptor[t].num_features, dims[t])
-                                  for t in output_tables)
-        seen = collections.Counter(f.name for f in features)
-        duplicated = sorted(n for n, k in seen.items() if k > 1)
-        if duplicated:
-            raise ValueError("feature names must be unique, repeated: %s" % duplicated)
-        return cls(config=c.SerializeToString(), feature_mode=bool(len(c.feature_descriptor)),
-                   table_names=names, table_dims=dims, batch_size=batch,
-                   output_tables=output_tables, output_shapes=output_shapes,
-                   features=tuple(features), num_dynamic_inputs=len(tags))
-
-    @property
-    def feature_names(self):
-        return tuple(f.name for f in self.features)
-
-    def feature(self, name):
-        """The :class:`LayoutFeature` called `name`."""
-        for f in self.features:
-            if f.name == name:
-                return f
-        raise KeyError("no feature %r in the layout (features: %s)"
-                       % (name, list(self.feature_names)))
-
-    def table_features(self, table_id):
-        """The lookups of table `table_id`, by lookup_id."""
-        return tuple(sorted((f for f in self.features if f.table_id == table_id),
-                            key=lambda f: f.lookup_id))
-
-
-def slice_activations(layout, recv_outputs):
-    """Per-feature activations from Recv's outputs (TF1's ``get_activations``).
-
-    Returns an ``OrderedDict`` feature name -> tensor in ``layout.features``
-    order.  Table mode: each table output is reshaped to ``[batch,
-    num_features, dim]``; a plain feature is ``[:, offset, :]`` (``[batch,
-    dim]``), a sequence feature ``[:, offset:offset + L, :]`` (``[batch, L,
-    dim]``).  Feature mode: the outputs themselves.
-    """
-    recv_outputs = list(recv_outputs)
-    if len(recv_outputs) != len(layout.output_shapes):
-        raise ValueError("got %d Recv outputs but the layout has %d"
-                         % (len(recv_outputs), len(layout.output_shapes)))
-    result = collections.OrderedDict()
-    if layout.feature_mode:
-        for f in layout.features:
-            result[f.name] = recv_outputs[f.output]
-        return result
-    per_sample = {}
-    for f in layout.features:
-        if f.output not in per_sample:
-            rows, dim = layout.output_shapes[f.output]
-            nf = rows // layout.batch_size if layout.batch_size else 0
-            per_sample[f.output] = tf.reshape(recv_outputs[f.output],
-                                              [layout.batch_size, nf, dim])
-        table = per_sample[f.output]
-        if f.sequence_length:
-            result[f.name] = table[:, f.offset:f.offset + f.width, :]
-        else:
-            result[f.name] = table[:, f.offset, :]
-    return result
-
-
-# ======================================================================= send
-
-def _control_ops(items):
-    """Graph ops to order a Send after (none in eager mode, nor from other graphs)."""
-    if tf.executing_eagerly():
-        return []
-    graph = _tf_ops.get_default_graph()
-    found = []
-    for item in items or ():
-        op = item if isinstance(item, _tf_ops.Operation) else getattr(item, "op", None)
-        if op is not None and op.graph is graph and op not in found:
-            found.append(op)
-    return found
-
-
-def _as_gradient(feature, gradient):
-    """A dense float32 gradient of the feature's activation shape."""
-    gradient = tf.convert_to_tensor(gradient)  # IndexedSlices -> dense
-    if gradient.dtype != tf.float32:
-        gradient = tf.cast(gradient, tf.float32)
-    if not gradient.shape.is_compatible_with(feature.shape):
-        raise ValueError("Found gradient of shape %s for feature '%s'. Expected shape %s."
-                         % (gradient.shape, feature.name, list(feature.shape)))
-    return gradient
-
-
-def _send_inputs(layout, gradients):
-    """Recv-shaped Send inputs from per-feature gradients (layout order);
-    table mode is the exact inverse of :func:`slice_activations`."""
-    if layout.feature_mode:
-        return [gradients[i] for i in range(len(layout.features))]
-    per_output = collections.defaultdict(list)
-    for f, g in zip(layout.features, gradients):
-        per_output[f.output].append((f.offset, g if f.sequence_length else
-                                     tf.expand_dims(g, 1)))
-    inputs = []
-    for o, (rows, dim) in enumerate(layout.output_shapes):
-        blocks = [g for _, g in sorted(per_output[o], key=lambda x: x[0])]
-        if not blocks:  # a table without features: its output is [0, dim]
-            inputs.append(tf.zeros([rows, dim], tf.float32))
-            continue
-        joined = blocks[0] if len(blocks) == 1 else tf.concat(blocks, axis=1)
-        inputs.append(tf.reshape(joined, [-1, dim]))
-    return inputs
-
-
-def _learning_rates(layout, learning_rates):
-    rates = [tf.cast(r, tf.float32) for r in (learning_rates or [])]
-    if len(rates) != layout.num_dynamic_inputs:
-        raise ValueError("the config has %d dynamic learning rate tag(s) but %d learning rates "
-                         "were given (learning_rates[tag])"
-                         % (layout.num_dynamic_inputs, len(rates)))
-    return rates
-
-
-def send_gradients_op(layout, feature_to_gradient, learning_rates=None, config=None,
-                      control_inputs=None, name=None):
-    """Builds (eager: runs) ONE ``SendTPUEmbeddingGradients`` for a step.
-
-    ``feature_to_gradient`` maps feature names to dL/d(activation) (shape of
-    the feature's activation).  A feature that is missing or ``None`` gets
-    zeros and a :class:`MissingGradientWarning`.  Table mode concatenates each
-    table's features (plain ``[B, D]`` -> ``[B, 1, D]``, sequence ``[B, L,
-    D]``) on axis 1 in row order and reshapes to ``[-1, D]``; feature mode
-    sends one gradient per feature.  ``learning_rates[tag]`` are the dynamic
-    learning rates (``layout.num_dynamic_inputs`` of them).  ``config``
-    defaults to ``layout.config``.  ``control_inputs`` (ops or tensors, e.g.
-    the Recv outputs) are made control dependencies of the Send, which TF
-    does not order after the Recv by itself.  Returns the Send op (``None``
-    in eager mode).
-    """
-    unknown = sorted(set(feature_to_gradient) - set(layout.feature_names))
-    if unknown:
-        raise ValueError("gradients for unknown feature(s) %s; the layout has %s"
-                         % (unknown, list(layout.feature_names)))
-    rates = _learning_rates(layout, learning_rates)
-    gradients = []
-    for f in layout.features:
-        g = feature_to_gradient.get(f.name)
-        if g is None:
-            warnings.warn(_MISSING_MESSAGE % f.name, MissingGradientWarning, stacklevel=2)
-            g = tf.zeros(f.shape, tf.float32)
-        gradients.append(_as_gradient(f, g))
-    with tf.control_dependencies(_control_ops(control_inputs)):
-        return _ops.send_tpu_embedding_gradients(
-            _send_inputs(layout, gradients), layout.config if config is None else config,
-            learning_rates=rates, name=name)
 
 
 # ====================================================== TF1 collection protocol
@@ -648,22 +334,19 @@ class _StepCollector:
         if self.sent:
             raise RuntimeError("SendTPUEmbeddingGradients was already built for this step")
         self.sent = True
-        rates = _learning_rates(self.layout, self.learning_rate_fn()
-                                if self.learning_rate_fn is not None else [])
+        rates = _send.learning_rates_for(
+            self.layout, self.learning_rate_fn() if self.learning_rate_fn is not None else [])
         gradients = []
         for f, activation in zip(self.layout.features, self.activations):
             g = self.gradients.get((f.table_id, f.lookup_id))
             if g is None:
-                warnings.warn(_MISSING_MESSAGE % f.name, MissingGradientWarning, stacklevel=3)
+                _send.warn_missing_gradient(f.name, stacklevel=3)
                 g = tf.zeros_like(activation, dtype=tf.float32)
-            gradients.append(_as_gradient(f, g))
+            gradients.append(_send.as_gradient(f, g))
         # The Send must run on the Recv's device (that picks the replica),
         # whatever device scope the gradient is computed under.
-        with tf.device(self.device), \
-                tf.control_dependencies(_control_ops(self.recv_outputs)):
-            return _ops.send_tpu_embedding_gradients(
-                _send_inputs(self.layout, gradients), self.layout.config,
-                learning_rates=rates)
+        return _send.build_send(self.layout, gradients, rates, device=self.device,
+                                control_inputs=self.recv_outputs)
 
 
 def hook_step(dummy_vars, layout, recv_outputs, learning_rate_fn=None):
@@ -730,3 +413,21 @@ def hook_step(dummy_vars, layout, recv_outputs, learning_rate_fn=None):
         hooked[name] = _ops.tpu_embedding_activations(
             handle, activation, table_id=f.table_id, lookup_id=f.lookup_id)
     return hooked
+
+
+def gradient_barrier(value, sink):
+    """Identity whose gradient is routed through `sink`, a ``[1]`` float32
+    resource variable (assign, then read): grappler cannot fold such a
+    gradient into a constant, so a Send hanging off it (see the hazard in
+    :func:`hook_step`) stays an ancestor of whatever consumes the gradient."""
+
+    @tf.custom_gradient
+    def barrier(x):
+        def grad(upstream):
+            assign = sink.assign(tf.reshape(tf.cast(upstream, tf.float32), [1]),
+                                 read_value=False)
+            with tf.control_dependencies([assign] if assign is not None else []):
+                return tf.identity(sink.read_value())
+        return tf.identity(x), grad
+
+    return barrier(value)

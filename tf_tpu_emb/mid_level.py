@@ -30,6 +30,7 @@ a TPU it drives this library's CPU engine:
   therefore move between this class, TF's ``TPUEmbedding`` and
   ``TPUEmbeddingForServing``.
 """
+import contextlib
 import copy
 import logging
 import weakref
@@ -42,8 +43,11 @@ from tensorflow.python.tpu import tpu_embedding_v2_utils
 from tensorflow.python.trackable import autotrackable
 from tensorflow.python.util import nest
 
+from tf_tpu_emb import engine_registry
+from tf_tpu_emb import layout as layout_lib
 from tf_tpu_emb import ops
 from tf_tpu_emb import optimizers as optimizers_lib
+from tf_tpu_emb import send as send_lib
 
 _logger = logging.getLogger(__name__)
 
@@ -144,10 +148,12 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                 if not any(fn is known for known in self._dynamic_inputs):
                     self._dynamic_inputs.append(fn)
         self._output_shapes = [tf.TensorShape(f.output_shape) for f in self._flat_features]
+        self._combiners = [t.combiner for t in self._table_config]
         self._strategy = tf.distribute.get_strategy()
         self._num_replicas = self._strategy.num_replicas_in_sync
         self._built = False
         self._config = None
+        self._layout = None
         self._variables = {}
 
     # ------------------------------------------------------------- properties
@@ -208,7 +214,14 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                     "the previous one.")
             self._config = self._create_config_proto().SerializeToString()
             ops.configure_tpu_embedding(self._config)
-            _ENGINE_OWNER[0] = id(self)
+            engine_registry.claim(self)
+            self._layout = layout_lib.Layout.for_features(
+                self._config, [t.name for t in self._table_config],
+                [t.dim for t in self._table_config],
+                [(path, self._table_config.index(f.table), shape.as_list())
+                 for path, f, shape in zip(self._paths, self._flat_features,
+                                           self._output_shapes)],
+                len(self._dynamic_inputs))
             self._variables = self._create_variables_and_slots()
             self._built = True
             self._load_variables()
@@ -219,12 +232,7 @@ class TPUEmbedding(autotrackable.AutoTrackable):
             if shape.rank is None or shape.rank < 1:
                 raise ValueError("Received input tensor of shape {}. Rank must be 1 and above"
                                  .format(shape))
-            if (shape.rank == 2 and shape[-1] != 1 and not feature.output_shape
-                    and feature.max_sequence_length > 0):
-                dims = shape.as_list()
-                dims.insert(1, feature.max_sequence_length)
-                shape = tf.TensorShape(dims)
-            out.append(shape if shape.rank == 1 else shape[:-1])
+            out.append(tf.TensorShape(layout_lib.output_shape(feature, shape.as_list())))
         return out
 
     def _output_shapes_from_batch_size(self, batch_size):
@@ -287,9 +295,17 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                                       and owner()._load_table(t))  # pylint: disable=protected-access
         return variables
 
-    def _table_state(self, table):
-        info = optimizers_lib.info_of(table.optimizer)
-        return info, ["parameters"] + list(info.slots)
+    @staticmethod
+    def _table_ops(table):
+        """The typed Load/Retrieve handles of the table's optimizer."""
+        return ops.table_ops(optimizers_lib.info_of(table.optimizer).proto_field)
+
+    @property
+    def layout(self):
+        """Where each feature sits in the engine's outputs
+        (:class:`tf_tpu_emb.layout.Layout`, feature names = paths; after ``build``)."""
+        self._require_built("layout")
+        return self._layout
 
     def _load_variables(self):
         """Host variables -> engine (also TF's checkpoint callback's entry point)."""
@@ -299,25 +315,22 @@ class TPUEmbedding(autotrackable.AutoTrackable):
     def _load_table(self, table):
         """One table's host variables -> engine (no-op unless this object is
         built and owns the engine)."""
-        if not self._built or _ENGINE_OWNER[0] != id(self):
+        if not self._built or not engine_registry.is_owner(self):
             return
         with tf.init_scope():
-            info, names = self._table_state(table)
-            load = getattr(ops, ops._snake("LoadTPUEmbedding%sParameters" % info.op_infix))
-            load(*[self._variables[table.name][n] for n in names], num_shards=1,
-                 shard_id=0, table_name=table.name)
+            handles = self._table_ops(table)
+            handles.load(*[self._variables[table.name][n] for n in handles.tensors],
+                         num_shards=1, shard_id=0, table_name=table.name)
 
     def _retrieve_variables(self):
         """Engine -> host variables."""
         with tf.init_scope():
             for table in self._table_config:
-                info, names = self._table_state(table)
-                retrieve = getattr(ops, ops._snake("RetrieveTPUEmbedding%sParameters"
-                                                   % info.op_infix))
-                values = retrieve(num_shards=1, shard_id=0, table_name=table.name)
+                handles = self._table_ops(table)
+                values = handles.retrieve(num_shards=1, shard_id=0, table_name=table.name)
                 if isinstance(values, tf.Tensor):
                     values = [values]
-                for n, value in zip(names, values):
+                for n, value in zip(handles.tensors, values):
                     self._variables[table.name][n].assign(value)
 
     # ---------------------------------------------------------------- enqueue
@@ -366,7 +379,7 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                 "strategy.experimental_distribute_dataset or "
                 "distribute_values_from_function) or must be called inside "
                 "strategy.run.".format(self._num_replicas))
-        with tf.device(device) if device else _NullContext():
+        with tf.device(device) if device else contextlib.nullcontext():
             return self._enqueue_op(flat_inputs, flat_weights, training, 0, name)
 
     def _maybe_build(self, flat_inputs):
@@ -457,7 +470,7 @@ class TPUEmbedding(autotrackable.AutoTrackable):
             mode = "train" if training else "inference"
         else:
             mode = tf.where(tf.convert_to_tensor(training), "train", "inference")
-        combiners = [t.combiner for t in self._table_config]
+        combiners = self._combiners
         if dynamic:
             return ops.dynamic_enqueue_tpu_embedding_arbitrary_tensor_batch(
                 indices, values, weights, device_ordinal, combiners=combiners,
@@ -489,32 +502,27 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         self._require_built("apply_gradients")
         nest.assert_same_structure(self._feature_config, gradients)
         updated = []
-        for (path, gradient), feature, shape in zip(
-                nest.flatten_with_joined_string_paths(gradients), self._flat_features,
-                self._output_shapes):
-            full_shape = shape.as_list() + [feature.table.dim]
+        for (path, gradient), feature in zip(nest.flatten_with_joined_string_paths(gradients),
+                                             self._layout.features):
+            full_shape = list(feature.shape)
             if gradient is not None and not isinstance(gradient, tf.Tensor):
                 raise ValueError(f"found non-tensor type: {type(gradient)} at path {path}.")
             if gradient is None:
-                _logger.warning("No gradient passed for feature %s, sending zero gradient. "
-                                "This may not be correct behavior for certain optimizers "
-                                "like Adam.", path)
+                send_lib.warn_missing_gradient(path, logger=_logger)
                 gradient = tf.zeros(full_shape, tf.float32)
             elif gradient.shape != full_shape:
                 raise ValueError("Found gradient of shape {} at path {}. Expected shape {}."
                                  .format(gradient.shape, path, full_shape))
             updated.append(gradient)
-        rates = [tf.cast(fn(), tf.float32) for fn in self._dynamic_inputs]
-        return ops.send_tpu_embedding_gradients(updated, self._config, learning_rates=rates,
-                                                name=name)
+        rates = [fn() for fn in self._dynamic_inputs]
+        return send_lib.build_send(self._layout, updated, rates, name=name)
 
     def shutdown(self):
         """Releases the engine this object configured (its tables are lost:
         save a checkpoint first) so that another TPUEmbedding can be built.
         Also done when the object is garbage-collected."""
-        if self._built and _ENGINE_OWNER[0] == id(self):
-            ops.shutdown_tpu_embedding()
-            _ENGINE_OWNER[0] = None
+        if self._built:
+            engine_registry.release(self)
         self._built = False
 
     def __del__(self):
@@ -522,18 +530,6 @@ class TPUEmbedding(autotrackable.AutoTrackable):
             self.shutdown()
         except Exception:  # pylint: disable=broad-except  (interpreter shutdown)
             pass
-
-
-# id() of the TPUEmbedding that configured this process's engine.
-_ENGINE_OWNER = [None]
-
-
-class _NullContext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *args):
-        return False
 
 
 def _save_callback(trackables, **unused_kwargs):

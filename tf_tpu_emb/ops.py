@@ -8,10 +8,11 @@ once the library is loaded.  The op names are exported as constants, e.g.
 
 The wrappers load the library on first call (see :func:`tf_tpu_emb.load_library`).
 """
+import collections
 import re
 
 from tf_tpu_emb import _loader
-from tf_tpu_emb.optimizers import OPTIMIZERS
+from tf_tpu_emb.optimizer_specs import BY_PROTO_FIELD, OPTIMIZERS
 
 PREFIX = "TfTpuEmb>"
 
@@ -21,7 +22,7 @@ def _snake(name):
 
 
 def _table_op_names(kind):
-    return tuple("%sTPUEmbedding%sParameters" % (kind, o.op_infix) for o in OPTIMIZERS)
+    return tuple(o.load_op if kind == "Load" else o.retrieve_op for o in OPTIMIZERS)
 
 
 #: Ops of TF's TPU embedding family that this library mirrors (bare TF names).
@@ -243,9 +244,18 @@ def retrieve_all_tpu_embedding_parameters(NumTables, config, num_shards, shard_i
         shard_id=shard_id, name=name)
 
 
+TableOps = collections.namedtuple("TableOps", ["info", "tensors", "load", "retrieve"])
+TableOps.__doc__ = """The per-table Load/Retrieve ops of one optimizer.
+
+info: its :class:`tf_tpu_emb.optimizer_specs.OptimizerInfo`.
+tensors: ("parameters", slot names...) -- Load's inputs, Retrieve's outputs.
+load(*tensors, num_shards, shard_id, table_id=-1, table_name="", ...): the op.
+retrieve(*, num_shards, shard_id, table_id=-1, table_name="", ...): the op.
+"""
+
+
 def _make_table_ops(info):
-    load_name = "LoadTPUEmbedding%sParameters" % info.op_infix
-    retrieve_name = "RetrieveTPUEmbedding%sParameters" % info.op_infix
+    load_name, retrieve_name = info.load_op, info.retrieve_op
     tensors = ("parameters",) + info.slots
 
     def load(*args, num_shards, shard_id, table_id=-1, table_name="", config="",
@@ -271,7 +281,25 @@ def _make_table_ops(info):
     return load, retrieve
 
 
+_TABLE_OPS = {}
 for _info in OPTIMIZERS:
-    for _fn in _make_table_ops(_info):
-        globals()[_fn.__name__] = _fn
-del _info, _fn, _bare, _full
+    _load, _retrieve = _make_table_ops(_info)
+    globals()[_load.__name__] = _load
+    globals()[_retrieve.__name__] = _retrieve
+    _TABLE_OPS[_info.proto_field] = TableOps(
+        _info, ("parameters",) + tuple(_info.slots), _load, _retrieve)
+del _info, _load, _retrieve, _bare, _full
+
+
+def table_ops(proto_field):
+    """The :class:`TableOps` of the optimizer whose ``OptimizationParameters``
+    oneof field is `proto_field` ("adagrad", ...).
+
+    Raises:
+      ValueError: `proto_field` names no optimizer.
+    """
+    try:
+        return _TABLE_OPS[proto_field]
+    except KeyError:
+        raise ValueError("No TPU embedding optimizer %r; known: %s"
+                         % (proto_field, ", ".join(BY_PROTO_FIELD))) from None

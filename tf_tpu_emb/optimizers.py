@@ -1,22 +1,24 @@
-"""The Python side of the optimizer registry (C++ side: kernels/optimizers.h).
+"""Optimizer classes and table descriptors, generated from the single
+optimizer source :mod:`tf_tpu_emb.optimizer_specs` (which also generates the
+C++ table ``kernels/optimizer_table.gen.h``).
 
-One declarative :class:`OptimizerInfo` entry per TPU embedding optimizer: the
-``OptimizationParameters`` oneof field, the infix of its
-``Load/RetrieveTPUEmbedding<infix>Parameters`` ops, its slot names in TF's
-order and their initial values, and -- for the optimizers TensorFlow's Python
-API lacks -- the Python class to generate: its hyper-parameters (argument
-name, proto field, default, validation), cross-argument checks and the update
-formula for the docstring.  ``tests/test_op_defs.py`` checks that this table
-and the C++ one agree (through the OpDefs the library registers);
-``tests/test_optimizer_configs.py`` checks the generated classes.
+For the optimizers TensorFlow's Python API lacks, each
+:class:`~tf_tpu_emb.optimizer_specs.OptimizerInfo` entry with a
+``class_name`` becomes a class here: its hyper-parameters (argument name,
+proto field, default, validation), cross-argument checks and the update
+formula for the docstring.  ``tests/test_op_defs.py`` checks the registered
+OpDefs against the source; ``tests/test_optimizer_configs.py`` checks the
+generated classes.  The spec's names (``OPTIMIZERS``, ``BY_PROTO_FIELD``,
+``OptimizerInfo``, ``Hyper``, ...) stay importable from here.
 
 Generated classes (``tf_tpu_emb.Momentum``, ``tf_tpu_emb.Lion``, ...) subclass
 TensorFlow's ``tpu_embedding_v2_utils._Optimizer``, so they work wherever TF's
 own ``tf.tpu.experimental.embedding.SGD/Adagrad/AdagradMomentum/Adam/FTRL``
 do (``TableConfig(optimizer=...)``, ``TPUEmbedding*``, ``_create_slots``,
 ``_slot_names``/``_slot_initializers``, ``_load``/``_retrieve``), without the
-protobuf-7 bug of TF's ``_set_optimization_parameters`` (spec §7.3: a Python
-bool assigned to the enum ``low_dimensional_packing_status``).  For TF's own
+protobuf-7 bug of TF's ``_set_optimization_parameters``
+(docs/tpu_embedding_semantics.md §7.3: a Python bool assigned to the enum
+``low_dimensional_packing_status``).  For TF's own
 classes use :func:`fix_tf_optimizer`, and build table descriptors from any of
 them with :func:`table_descriptor_for`.
 
@@ -38,348 +40,18 @@ from tensorflow.core.protobuf.tpu import tpu_embedding_configuration_pb2 as _con
 from tensorflow.python.ops import init_ops_v2
 from tensorflow.python.tpu import tpu_embedding_v2_utils as _v2_utils
 
+
+from tf_tpu_emb import ops as _ops
+from tf_tpu_emb.optimizer_specs import (  # noqa: F401  (re-exported)
+    BY_PROTO_FIELD, BY_TF_CLASS, NON_NEGATIVE, OPTIMIZERS, POSITIVE, REQUIRED, UNIT,
+    UNIT_OPEN, Check, CrossCheck, Hyper, OptimizerInfo)
+
 _Optimizer = _v2_utils._Optimizer  # pylint: disable=protected-access
-
-# ============================================================ declarative spec
-
-REQUIRED = type("Required", (), {"__repr__": lambda self: "REQUIRED"})()
-"""Default of an argument that has none (the caller must pass it)."""
-
-Check = collections.namedtuple("Check", ["ok", "requirement"])
-Check.__doc__ = """A validation rule: ``ok(value) -> bool`` and the text that
-completes "Argument `x` ..." in the ValueError."""
-
-
-def _interval(lo=None, hi=None, lo_open=False, hi_open=False):
-    """Check for lo <(=) value <(=) hi (either bound optional)."""
-    parts = []
-    if lo is not None:
-        parts.append("%s %s" % (">" if lo_open else ">=", lo))
-    if hi is not None:
-        parts.append("%s %s" % ("<" if hi_open else "<=", hi))
-
-    def ok(v):
-        if lo is not None and (v <= lo if lo_open else v < lo):
-            return False
-        if hi is not None and (v >= hi if hi_open else v > hi):
-            return False
-        return True
-    return Check(ok, "must be " + " and ".join(parts))
-
-
-POSITIVE = _interval(0, lo_open=True)
-NON_NEGATIVE = _interval(0)
-UNIT = _interval(0, 1)                      # [0, 1]
-UNIT_OPEN = _interval(0, 1, hi_open=True)   # [0, 1)
-
-Hyper = collections.namedtuple(
-    "Hyper", ["arg", "field", "default", "check", "doc", "to_proto"],
-    defaults=(None, "", None))
-Hyper.__doc__ = """One constructor argument of a generated optimizer class.
-
-arg: Python argument (and attribute) name.
-field: field of the optimizer's ``OptimizationParameters`` oneof message that
-  receives it, or None for a Python-only argument (a slot's initial value).
-  A field of message type ``OptimizerDynamicInput`` (FrequencyAwareAdagrad's
-  ``step_counter``) takes a callable (tag from the dynamic-input index, like a
-  learning rate), a non-negative int tag, or None (unset).
-default: default value, or REQUIRED.
-check: a :class:`Check` on the value (numbers), or None.
-doc: argument documentation.
-to_proto: value -> proto value (e.g. ``operator.not_`` for ``lazy_*``).
-"""
-
-CrossCheck = collections.namedtuple("CrossCheck", ["ok", "message"])
-CrossCheck.__doc__ = """A rule over all arguments: ``ok(args: dict) -> bool``
-and the ValueError message."""
-
-OptimizerInfo = collections.namedtuple(
-    "OptimizerInfo",
-    ["proto_field", "op_infix", "slots", "core_has_table_ops",
-     "slot_init", "class_name", "tf_class", "hypers", "cross_checks",
-     "default_lr", "formula", "reconstruction", "summary", "lr_doc"],
-    defaults=((), None, None, (), (), 0.001, "", "", "", ""))
-OptimizerInfo.__doc__ = """One TPU embedding optimizer.
-
-proto_field: the ``OptimizationParameters`` oneof field ("adagrad", ...).
-op_infix: ``Load/RetrieveTPUEmbedding<op_infix>Parameters``.
-slots: slot names in TF's order (the Load op's inputs after ``parameters``).
-core_has_table_ops: TF 2.21 registers the per-table Load/Retrieve ops.
-slot_init: per slot, its initial value (float) or the name of the argument
-  that holds it; the defaults equal the C++ registry's initial values.
-class_name: name of the class generated here, or None.
-tf_class: name of TF's own class (``tf.tpu.experimental.embedding.<name>``)
-  for optimizers TF's Python API covers, or None.
-hypers: the generated class's optimizer-specific arguments (:class:`Hyper`).
-cross_checks: :class:`CrossCheck` rules over all arguments.
-default_lr: the default learning rate, or REQUIRED.
-formula: the update rule, for the docstring.
-reconstruction: for rules TF does not publish, how ours was reconstructed.
-summary: the docstring's first line.
-lr_doc: documentation of `learning_rate` when it is not the usual one.
-"""
-
-def _requires_accumulation_when_non_lazy(lazy_arg, name):
-    return CrossCheck(
-        lambda a: a["use_gradient_accumulation"] or a[lazy_arg],
-        "When disabling lazy %s (`%s=False`), gradient accumulation must be used. "
-        "Set `use_gradient_accumulation` to True." % (name, lazy_arg))
-
-
-_L1 = Hyper("l1_regularization_strength", "l1", 0.0, NON_NEGATIVE,
-            "L1 regularization strength, >= 0.")
-_L2 = Hyper("l2_regularization_strength", "l2", 0.0, NON_NEGATIVE,
-            "L2 regularization strength, >= 0.")
-
-
-def _initial_accumulator(default=0.1, check=POSITIVE, what="accumulator"):
-    return Hyper("initial_accumulator_value", None, default, check,
-                 "Initial value of the `%s` slot." % what)
-
-
-OPTIMIZERS = (
-    OptimizerInfo("stochastic_gradient_descent", "StochasticGradientDescent", (), True,
-                  slot_init=(), tf_class="SGD"),
-    OptimizerInfo("adagrad", "Adagrad", ("accumulators",), True,
-                  slot_init=(0.1,), tf_class="Adagrad"),
-    OptimizerInfo("adagrad_momentum", "AdagradMomentum", ("accumulators", "momenta"), True,
-                  slot_init=(0.0, 0.0), tf_class="AdagradMomentum"),
-    OptimizerInfo(
-        "bounded_adagrad", "BoundedAdagrad", ("accumulators",), False,
-        slot_init=("initial_accumulator_value",), class_name="BoundedAdagrad",
-        summary="Adagrad with a bounded accumulator and a bounded weight update.",
-        hypers=(
-            Hyper("update_accumulator_first", "update_accumulator_first", False, None,
-                  "Use the updated (True) or the old (False) accumulator for the "
-                  "effective learning rate."),
-            Hyper("max_var_update", "max_var_update", 0.0, NON_NEGATIVE,
-                  "Bound on |weight update| per element; 0 disables the bound."),
-            Hyper("max_accumulator", "max_accumulator", 0.0, NON_NEGATIVE,
-                  "Bound on the accumulator; 0 disables the bound."),
-            _initial_accumulator(),
-        ),
-        formula="""\
-a_new = a + g^2, then min(a_new, max_accumulator) if max_accumulator > 0
-a_eff = a_new if update_accumulator_first else a
-delta = lr * g / sqrt(a_eff), clipped to [-max_var_update, max_var_update]
-        if max_var_update > 0
-w = w - delta;  a = a_new""",
-        reconstruction="TF publishes only the meaning of the parameters "
-                       "(spec §5.4); the formula above is tf_tpu_emb's "
-                       "reconstruction."),
-    OptimizerInfo("adam", "ADAM", ("momenta", "velocities"), True,
-                  slot_init=(0.0, 0.0), tf_class="Adam"),
-    OptimizerInfo("ftrl", "FTRL", ("accumulators", "linears"), True,
-                  slot_init=(0.1, 0.0), tf_class="FTRL"),
-    OptimizerInfo(
-        "momentum", "Momentum", ("momenta",), True,
-        slot_init=(0.0,), class_name="Momentum",
-        summary="Momentum (heavy ball or Nesterov), as TF's ApplyMomentum.",
-        hypers=(
-            Hyper("momentum", "momentum", 0.9, UNIT, "The momentum, in [0, 1]."),
-            Hyper("use_nesterov", "use_nesterov", False, None,
-                  "Use Nesterov momentum (Sutskever et al., 2013)."),
-        ),
-        formula="""\
-m = momentum * m + g
-w = w - lr * (g + momentum * m  if use_nesterov else  m)"""),
-    OptimizerInfo(
-        "rms_prop", "RMSProp", ("ms", "mom"), True,
-        slot_init=(1.0, 0.0), class_name="RMSProp",
-        summary="RMSProp, as TF's ApplyRMSProp.",
-        hypers=(
-            Hyper("rho", "rho", 0.9, UNIT, "Decay of the mean square, in [0, 1]."),
-            Hyper("momentum", "momentum", 0.0, UNIT, "The momentum, in [0, 1]."),
-            Hyper("epsilon", "epsilon", 1e-7, POSITIVE,
-                  "Small constant added to the mean square, > 0."),
-        ),
-        formula="""\
-ms = rho * ms + (1 - rho) * g^2
-mom = momentum * mom + lr * g / sqrt(ms + epsilon)
-w = w - mom"""),
-    OptimizerInfo(
-        "centered_rms_prop", "CenteredRMSProp", ("ms", "mom", "mg"), True,
-        slot_init=(1.0, 0.0, 0.0), class_name="CenteredRMSProp",
-        summary="Centered RMSProp, as TF's ApplyCenteredRMSProp.",
-        hypers=(
-            Hyper("rho", "rho", 0.9, UNIT, "Decay of the moments, in [0, 1]."),
-            Hyper("momentum", "momentum", 0.0, UNIT, "The momentum, in [0, 1]."),
-            Hyper("epsilon", "epsilon", 1e-7, POSITIVE,
-                  "Small constant added to the variance estimate, > 0."),
-        ),
-        formula="""\
-ms = rho * ms + (1 - rho) * g^2
-mg = rho * mg + (1 - rho) * g
-mom = momentum * mom + lr * g / sqrt(ms - mg^2 + epsilon)
-w = w - mom"""),
-    OptimizerInfo("mdl_adagrad_light", "MDLAdagradLight",
-                  ("accumulators", "weights", "benefits"), True,
-                  slot_init=(0.1, 0.0, 0.0)),
-    OptimizerInfo(
-        "adadelta", "Adadelta", ("accumulators", "updates"), True,
-        slot_init=(0.0, 0.0), class_name="Adadelta",
-        summary="Adadelta, as TF's ApplyAdadelta.",
-        hypers=(
-            Hyper("rho", "rho", 0.95, UNIT, "Decay of the accumulators, in [0, 1]."),
-            Hyper("epsilon", "epsilon", 1e-7, POSITIVE, "Small constant, > 0."),
-        ),
-        formula="""\
-a = rho * a + (1 - rho) * g^2
-delta = sqrt(u + epsilon) / sqrt(a + epsilon) * g
-w = w - lr * delta
-u = rho * u + (1 - rho) * delta^2
-(a = `accumulators`, u = `updates`)"""),
-    OptimizerInfo(
-        "proximal_adagrad", "ProximalAdagrad", ("accumulators",), True,
-        slot_init=("initial_accumulator_value",), class_name="ProximalAdagrad",
-        summary="Proximal Adagrad (FOBOS), as TF's ApplyProximalAdagrad.",
-        hypers=(_L1, _L2, _initial_accumulator()),
-        formula="""\
-a = a + g^2;  eta = lr / sqrt(a);  v = w - eta * g
-w = sign(v) * max(|v| - eta * l1, 0) / (1 + eta * l2)   if l1 > 0
-w = v / (1 + eta * l2)                                   otherwise"""),
-    OptimizerInfo(
-        "online_yogi", "OnlineYogi", ("vs", "linears"), False,
-        slot_init=("initial_accumulator_value", 0.0), class_name="OnlineYogi",
-        summary="Online Yogi: FTRL-style Yogi with L1/L2.",
-        hypers=(_L1, _L2,
-                Hyper("beta_2", "beta2", 0.999, UNIT_OPEN,
-                      "Decay of the second moment, in [0, 1)."),
-                _initial_accumulator(what="vs")),
-        formula="""\
-v_new = v - (1 - beta_2) * sign(v - g^2) * g^2
-sigma = (sqrt(v_new) - sqrt(v)) / lr
-z = z + g - sigma * w
-w = (clip(z, -l1, l1) - z) / (sqrt(v_new) / lr + 2 * l2);  v = v_new
-(v = `vs`, z = `linears`)""",
-        reconstruction="TF does not publish the formula (spec §5.13: Yogi "
-                       "\"plus some extensions based on FTRL\"); the rule above "
-                       "-- FTRL whose accumulator is Yogi's second moment -- is "
-                       "tf_tpu_emb's reconstruction."),
-    OptimizerInfo(
-        "proximal_yogi", "ProximalYogi", ("v", "m"), True,
-        slot_init=("initial_accumulator_value", 0.0), class_name="ProximalYogi",
-        summary="Proximal Yogi: Yogi with proximal L1/L2, no bias correction.",
-        hypers=(_L1, _L2,
-                Hyper("beta_1", "beta1", 0.9, UNIT_OPEN,
-                      "Decay of the first moment, in [0, 1)."),
-                Hyper("beta_2", "beta2", 0.999, UNIT_OPEN,
-                      "Decay of the second moment, in [0, 1)."),
-                Hyper("epsilon", "epsilon", 1e-3, POSITIVE, "Small constant, > 0."),
-                _initial_accumulator(check=NON_NEGATIVE, what="v")),
-        formula="""\
-m = beta_1 * m + (1 - beta_1) * g
-v = v - (1 - beta_2) * sign(v - g^2) * g^2
-eta = lr / (sqrt(v) + epsilon);  u = w - eta * m
-w = sign(u) * max(|u| - eta * l1, 0) / (1 + eta * l2)""",
-        reconstruction="TF does not publish the TPU formula (spec §5.14); the "
-                       "rule above (TF-Addons' Yogi with proximal L1/L2) is "
-                       "tf_tpu_emb's reconstruction. Bias correction, as for "
-                       "Adam, goes through a dynamic learning rate."),
-    OptimizerInfo(
-        "frequency_estimator", "FrequencyEstimator", ("last_hit_step",), True,
-        slot_init=(0.0,), class_name="FrequencyEstimator", default_lr=REQUIRED,
-        lr_doc="The global step, as a callable taking no arguments returning "
-               "it as a float (fed as a dynamic learning rate); a constant "
-               "freezes the step.",
-        summary="Estimates how often each id is looked up (not a real optimizer).",
-        hypers=(
-            Hyper("tau", "tau", REQUIRED, _interval(0, 1, lo_open=True),
-                  "Learning rate of the delta estimate, in (0, 1]."),
-            Hyper("max_delta", "max_delta", REQUIRED, POSITIVE,
-                  "Maximum value of delta (steps since the id's last hit), > 0."),
-            Hyper("outlier_threshold", "outlier_threshold", REQUIRED, POSITIVE,
-                  "A delta >= outlier_threshold * D is an outlier, > 0."),
-            Hyper("weight_exponent", "weight_exponent", REQUIRED, None,
-                  "Exponent turning the estimated delta into weights, "
-                  "(D / max_delta)^weight_exponent (stored; not applied by the "
-                  "engine)."),
-        ),
-        formula="""\
-The table ("parameters", width 1) holds the estimated delta D of each id;
-`learning_rate` must carry the global step (a callable, i.e. a dynamic
-learning rate); the gradients sent back are ignored (send zeros).
-delta = step - last_hit_step
-clipped = min(delta, max_delta)
-D = clipped  if delta >= outlier_threshold * D  else  D * (1 - tau) + clipped * tau
-last_hit_step = step
-Estimated frequency = 1 / D; initialise the table to max_delta
-(TableConfig(initializer=tf.constant_initializer(max_delta))).""",
-        reconstruction="The update sequence is the proto's; that the learning "
-                       "rate carries the global step follows TF v1's "
-                       "documentation and is how tf_tpu_emb's engine reads it "
-                       "(a reconstruction of the TPU behaviour, spec §5.15)."),
-    OptimizerInfo(
-        "lion", "Lion", ("momenta",), False,
-        slot_init=(0.0,), class_name="Lion",
-        summary="Lion (Chen et al. 2023, arXiv 2302.06675).",
-        hypers=(
-            Hyper("beta_1", "beta1", 0.9, UNIT,
-                  "Interpolation factor of the update direction, in [0, 1]."),
-            Hyper("beta_2", "beta2", 0.99, UNIT, "Decay of the momentum, in [0, 1]."),
-            Hyper("lazy_lion", "use_non_lazy_lion", True, None,
-                  "Update only the rows looked up in the step (True), or every "
-                  "row, untouched ones with g = 0 (False; needs gradient "
-                  "accumulation, as TF's Adam).",
-                  lambda lazy: not lazy),
-        ),
-        cross_checks=(_requires_accumulation_when_non_lazy("lazy_lion", "Lion"),),
-        formula="""\
-c = beta_1 * m + (1 - beta_1) * g
-w = w - lr * sign(c)
-m = beta_2 * m + (1 - beta_2) * g"""),
-    OptimizerInfo(
-        "frequency_aware_adagrad", "FrequencyAwareAdagrad", ("accumulators", "counters"),
-        False,
-        slot_init=("initial_accumulator_value", 0.0), class_name="FrequencyAwareAdagrad",
-        summary="Adagrad whose step grows for rarely seen ids.",
-        hypers=(
-            _L1._replace(field="l1_regularization_strength"),
-            _L2._replace(field="l2_regularization_strength"),
-            Hyper("probability_exponent", "probability_exponent", 0.0, NON_NEGATIVE,
-                  "Exponent of the inverse frequency in the step scale, >= 0 "
-                  "(0: plain Adagrad)."),
-            Hyper("max_lr_multiplier", "max_lr_multiplier", 0.0, NON_NEGATIVE,
-                  "Cap on the step scale; 0 disables the cap."),
-            Hyper("accumulator_decay", "accumulator_decay", 1.0, UNIT,
-                  "Decay of the accumulator, in [0, 1]."),
-            Hyper("initial_accumulator_value", "initial_accumulator_value", 0.1, POSITIVE,
-                  "Initial value and floor of the accumulator, > 0."),
-            Hyper("step_counter", "step_counter", None, None,
-                  "The global step: a callable taking no arguments (fed like a "
-                  "dynamic learning rate, its tag taken from the same index), "
-                  "an int tag of the dynamic inputs, or None (step 1)."),
-        ),
-        formula="""\
-counter = counter + 1
-a = max(accumulator_decay * a + g^2, initial_accumulator_value)
-scale = (step / counter)^probability_exponent, capped at max_lr_multiplier if > 0
-update = g * scale / sqrt(a) [+ l1 * sign(w) if l1 > 0] [+ l2 * w if l2 > 0]
-w = w - lr * update
-(a = `accumulators`, counter = `counters`, step = the step counter)""",
-        reconstruction="The proto's text is internally inconsistent (spec "
-                       "§5.18); the rule above, with the frequency estimate "
-                       "counter / step, is tf_tpu_emb's reconstruction."),
-    OptimizerInfo(
-        "assign", "Assign", (), False,
-        slot_init=(), class_name="Assign",
-        lr_doc="Not used by the update (written to the table's proto only).",
-        summary="Sets each looked-up row to its gradient.",
-        formula="""\
-w = g   (the learning rate is not used)
-Correct only with gradient accumulation (the gradient summed over the batch)."""),
-)
-
-BY_PROTO_FIELD = {o.proto_field: o for o in OPTIMIZERS}
-BY_TF_CLASS = {o.tf_class: o for o in OPTIMIZERS if o.tf_class}
 
 # ============================================================ generated classes
 
 _GA = _op_pb2.GradientAccumulationStatus
 _PACKING = _op_pb2.LowDimensionalPackingStatus
-_FD = _op_pb2.OptimizationParameters.DESCRIPTOR.fields_by_name["adagrad"]  # for type enums
-_TYPE_BOOL = _FD.TYPE_BOOL
-_TYPE_MESSAGE = _FD.TYPE_MESSAGE
 
 # Common arguments after the optimizer's own, in order, with defaults.
 _COMMON_ARGS = (
@@ -415,19 +87,6 @@ _COMMON_DOCS = {
 }
 
 
-def _hyper_kind(info, h):
-    """'float', 'bool' or 'dynamic' (OptimizerDynamicInput message)."""
-    if h.field is None:
-        return "float"
-    msg = _op_pb2.OptimizationParameters.DESCRIPTOR.fields_by_name[info.proto_field]
-    fd = msg.message_type.fields_by_name.get(h.field)
-    if fd is None:
-        raise AssertionError("%s has no field %r" % (msg.message_type.full_name, h.field))
-    if fd.type == _TYPE_MESSAGE:
-        return "dynamic"
-    return "bool" if fd.type == _TYPE_BOOL else "float"
-
-
 def _is_bool(v):
     return isinstance(v, (bool, np.bool_))
 
@@ -436,13 +95,13 @@ def _is_number(v):
     return isinstance(v, numbers.Real) and not _is_bool(v)
 
 
-def _check_value(h, kind, v):
+def _check_value(h, v):
     where = "Argument `%s`" % h.arg
-    if kind == "bool":
+    if h.kind == "bool":
         if not _is_bool(v):
             raise ValueError("%s must be a bool. Received: %r" % (where, v))
         return bool(v)
-    if kind == "dynamic":
+    if h.kind == "dynamic":
         if v is None or callable(v):
             return v
         if isinstance(v, numbers.Integral) and not _is_bool(v) and v >= 0:
@@ -499,7 +158,7 @@ class EmbeddingOptimizer(_Optimizer):
     """
 
     _INFO = None  # the class's OptimizerInfo
-    _KINDS = ()   # per hyper: 'float' | 'bool' | 'dynamic'
+    _KINDS = ()   # per hyper: its kind, 'float' | 'bool' | 'dynamic'
 
     def _construct(self, learning_rate, **values):
         info = type(self)._INFO
@@ -515,8 +174,8 @@ class EmbeddingOptimizer(_Optimizer):
             values.get("slot_variable_creation_fn"),
             values["low_dimensional_packing_status"],
         )
-        for h, kind in zip(info.hypers, type(self)._KINDS):
-            setattr(self, h.arg, _check_value(h, kind, values[h.arg]))
+        for h in info.hypers:
+            setattr(self, h.arg, _check_value(h, values[h.arg]))
         for rule in info.cross_checks:
             if not rule.ok(values):
                 raise ValueError(rule.message)
@@ -560,16 +219,16 @@ class EmbeddingOptimizer(_Optimizer):
             parameters.weight_decay_factor = self.weight_decay_factor
             if self.multiply_weight_decay_factor_by_learning_rate:
                 parameters.multiply_weight_decay_factor_by_learning_rate = True
-        # The enum, not TF's bool (spec §7.3).
+        # The enum, not TF's bool (docs/tpu_embedding_semantics.md §7.3).
         parameters.low_dimensional_packing_status = (
             _PACKING.ENABLED if self.low_dimensional_packing_status else _PACKING.UNSPECIFIED)
         msg = getattr(parameters, info.proto_field)
         msg.SetInParent()
-        for h, kind in zip(info.hypers, type(self)._KINDS):
+        for h in info.hypers:
             if h.field is None:
                 continue
             value = getattr(self, h.arg)
-            if kind == "dynamic":
+            if h.kind == "dynamic":
                 if value is None:
                     continue
                 if callable(value):
@@ -582,19 +241,19 @@ class EmbeddingOptimizer(_Optimizer):
             setattr(msg, h.field, value)
 
     def _load(self):
-        return _table_op("Load", type(self)._INFO)
+        return _ops.table_ops(type(self)._INFO.proto_field).load
 
     def _retrieve(self):
-        return _table_op("Retrieve", type(self)._INFO)
+        return _ops.table_ops(type(self)._INFO.proto_field).retrieve
 
     # ------------------------------------------------------------- helpers
 
     def _dynamic_inputs(self):
         """Callables this optimizer needs fed as dynamic inputs, in order."""
         out = [self.learning_rate] if callable(self.learning_rate) else []
-        for h, kind in zip(type(self)._INFO.hypers, type(self)._KINDS):
+        for h in type(self)._INFO.hypers:
             v = getattr(self, h.arg)
-            if kind == "dynamic" and callable(v) and not any(v is o for o in out):
+            if h.kind == "dynamic" and callable(v) and not any(v is o for o in out):
                 out.append(v)
         return out
 
@@ -603,11 +262,6 @@ class EmbeddingOptimizer(_Optimizer):
         args = ["learning_rate=%r" % (self.learning_rate,)]
         args += ["%s=%r" % (h.arg, getattr(self, h.arg)) for h in info.hypers]
         return "%s(%s)" % (type(self).__name__, ", ".join(args))
-
-
-def _table_op(kind, info):
-    from tf_tpu_emb import ops  # pylint: disable=import-outside-toplevel
-    return getattr(ops, ops._snake("%sTPUEmbedding%sParameters" % (kind, info.op_infix)))  # pylint: disable=protected-access
 
 
 def _tag_of(fn, index, arg, owner):
@@ -640,7 +294,7 @@ def _class_doc(info, params):
     if not info.core_has_table_ops:
         lines += ["", "TF 2.21 registers no per-table Load/Retrieve op for this "
                   "optimizer; `_load()`/`_retrieve()` return tf_tpu_emb's "
-                  "(TfTpuEmb>Load/RetrieveTPUEmbedding%sParameters)." % info.op_infix]
+                  "(TfTpuEmb>%s, TfTpuEmb>%s)." % (info.load_op, info.retrieve_op)]
     if info.slots:
         slots = ", ".join(
             "`%s` (initial value %s)" % (s, ("`%s`" % v) if isinstance(v, str) else v)
@@ -680,10 +334,9 @@ def _make_class(info):
     init.__qualname__ = "%s.__init__" % info.class_name
     init.__doc__ = "Optimization parameters for %s.\n\n%s" % (
         info.class_name, doc[doc.index("Args:"):])
-    kinds = tuple(_hyper_kind(info, h) for h in info.hypers)
     cls = type(info.class_name, (EmbeddingOptimizer,), {
         "__init__": init, "__doc__": doc, "__module__": __name__,
-        "_INFO": info, "_KINDS": kinds})
+        "_INFO": info, "_KINDS": tuple(h.kind for h in info.hypers)})
     init.__module__ = __name__
     return cls
 
@@ -707,7 +360,7 @@ def fix_tf_optimizer(optimizer):
     """A shallow copy of TF's optimizer object whose
     ``low_dimensional_packing_status`` is the enum int (ENABLED = 1 if it was
     truthy, else UNSPECIFIED = 0), so that TF's ``_set_optimization_parameters``
-    and ``TableConfig._set_table_descriptor`` work under protobuf 7 (spec
+    and ``TableConfig._set_table_descriptor`` work under protobuf 7 (docs/tpu_embedding_semantics.md
     §7.3).  The original is not modified; the copy compares and hashes equal to
     it.  Our own classes do not need it and are returned unchanged.
 

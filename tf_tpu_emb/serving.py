@@ -31,36 +31,25 @@ Example::
     loaded.lookup({"user": sparse, "video": ragged}, {"user": sparse_weights})
 
 The serving signature takes plain tensors only (SignatureDefs cannot take
-composite tensors).  For a feature at path ``p`` (the ``/``-joined
-``tf.nest`` path, e.g. ``"user"`` or ``"seq/clicks"``) the input names are
-``n = p`` with every non-alphanumeric character replaced by ``_`` (TF's own rule
-for signature argument names, so Python callers may also spell ``"seq/clicks"``)
-and:
-
-* dense ``tf.TensorSpec``: ``n`` (the ids);
-* ``tf.SparseTensorSpec``: ``n_indices`` (int64 ``[None, rank]``), ``n_values``
-  (the ids), ``n_dense_shape`` (int64 ``[rank]``) and, if weighted, ``n_weights``
-  (float32 ``[None]``, parallel to ``n_values``);
-* ``tf.RaggedTensorSpec`` (rank 2): ``n_values``, ``n_row_splits`` and, if
-  weighted, ``n_weights`` (float32, parallel to ``n_values``).
-
-Signature outputs: a mapping returned by ``model_fn`` (or the activations when
-they are a dict) is flattened with ``/``-joined paths as output names; any other
-structure is flattened to ``output_<path>`` (a single tensor is ``output_0``).
+composite tensors); its input and output names follow the one naming rule of
+:mod:`tf_tpu_emb.signatures` (e.g. a sparse feature at path ``"user"`` is
+served as ``user_indices``, ``user_values``, ``user_dense_shape`` and, if
+weighted, ``user_weights``).  :func:`serving_module` builds the module
+without saving it (for in-process scoring); :func:`export_serving` builds and
+saves.
 """
-import collections.abc
 import os
 
 import tensorflow as tf
 # The path flattening TF's serving lookup itself uses to match inputs to features.
 from tensorflow.python.util import nest as _nest
 
+from tf_tpu_emb import signatures as _signatures
 from tf_tpu_emb.ops import PREFIX
+from tf_tpu_emb.signatures import DEFAULT_SIGNATURE
 
-__all__ = ["export_serving", "find_non_stock_ops", "assert_stock_ops", "NonStockOpError"]
-
-#: Name of the serving signature written by :func:`export_serving` by default.
-DEFAULT_SIGNATURE = "serving_default"
+__all__ = ["export_serving", "serving_module", "find_non_stock_ops", "assert_stock_ops",
+           "NonStockOpError", "DEFAULT_SIGNATURE"]
 
 
 class NonStockOpError(ValueError):
@@ -141,54 +130,6 @@ def _feature_config_of(embedding):
     return fc
 
 
-def _arg_name(path):
-    name = "".join(c if c.isalnum() else "_" for c in path)
-    return name if name[:1].isalpha() else "arg_" + name
-
-
-def _flat_specs(spec, weighted):
-    """[(suffix, TensorSpec)] of the plain-tensor signature inputs of one feature."""
-    if isinstance(spec, tf.SparseTensorSpec):
-        rank = spec.shape.rank
-        out = [("indices", tf.TensorSpec([None, rank], tf.int64)),
-               ("values", tf.TensorSpec([None], spec.dtype)),
-               ("dense_shape", tf.TensorSpec([rank], tf.int64))]
-    elif isinstance(spec, tf.RaggedTensorSpec):
-        nrows = spec.shape[0]
-        out = [("values", tf.TensorSpec([None], spec.dtype)),
-               ("row_splits", tf.TensorSpec([None if nrows is None else nrows + 1],
-                                            spec.row_splits_dtype))]
-    else:
-        out = [(None, spec)]
-    if weighted:
-        out.append(("weights", tf.TensorSpec([None], tf.float32)))
-    return out
-
-
-def _weight_spec(spec):
-    if isinstance(spec, tf.SparseTensorSpec):
-        return tf.SparseTensorSpec(spec.shape, tf.float32)
-    return tf.RaggedTensorSpec(spec.shape, tf.float32, ragged_rank=1,
-                               row_splits_dtype=spec.row_splits_dtype)
-
-
-def _signature_outputs(outputs):
-    """Flatten `outputs` into the {name: Tensor} dict a SignatureDef needs."""
-    if isinstance(outputs, collections.abc.Mapping):
-        flat = _nest.flatten_with_joined_string_paths(outputs)
-    else:
-        flat = [("output_" + (p or "0"), t)
-                for p, t in _nest.flatten_with_joined_string_paths(outputs)]
-    result = {}
-    for name, t in flat:
-        if not isinstance(t, tf.Tensor):
-            raise TypeError("Serving output %r is a %s; a serving signature can only return "
-                            "dense tensors (e.g. call .to_tensor() in model_fn)."
-                            % (name, type(t).__name__))
-        result[name] = t
-    return result
-
-
 # ------------------------------------------------------------------ export
 
 def export_serving(path, embedding, input_signature, model_fn=None, *,
@@ -196,8 +137,22 @@ def export_serving(path, embedding, input_signature, model_fn=None, *,
                    signature_name=DEFAULT_SIGNATURE, options=None):
     """Write a SavedModel at `path` that serves `embedding` (+ `model_fn`) with stock ops.
 
+    :func:`serving_module` builds the module (arguments and result there);
+    this writes it with its flat ``serve`` function as
+    ``signatures[signature_name]`` (``options``: ``tf.saved_model.SaveOptions``).
+    Returns the module.
+    """
+    module = serving_module(embedding, input_signature, model_fn,
+                            weighted_features=weighted_features, feature_config=feature_config)
+    _signatures.save(module, path, signature_name, options)
+    return module
+
+
+def serving_module(embedding, input_signature, model_fn=None, *, weighted_features=(),
+                   feature_config=None):
+    """Builds, without saving, the stock-op module that serves `embedding` (+ `model_fn`).
+
     Args:
-      path: export directory (as for ``tf.saved_model.save``).
       embedding: an object with ``embedding_tables`` (``{TableConfig: tf.Variable
         or tensor}``, the trained parameters) and a feature config
         (``feature_config`` or, as on TF's ``TPUEmbeddingForServing``,
@@ -216,20 +171,18 @@ def export_serving(path, embedding, input_signature, model_fn=None, *,
       weighted_features: ``/``-joined paths (e.g. ``"user"``, ``"seq/clicks"``) of
         sparse or ragged features that are served with float32 weights.
       feature_config: overrides the feature config read from `embedding`.
-      signature_name: key of the serving SignatureDef.
-      options: optional ``tf.saved_model.SaveOptions``.
 
     Returns:
-      The exported ``tf.Module`` (usable in-process; the loaded SavedModel has the
-      same attributes):
+      The ``tf.Module`` (usable in-process; a SavedModel written by
+      :func:`export_serving` has the same attributes when loaded):
 
       * ``lookup(features[, weights])`` — tf.function with a composite input
         signature (``input_signature``, and when `weighted_features` is non-empty
         a dict ``{path: SparseTensorSpec/RaggedTensorSpec(float32)}`` of weights);
         returns ``model_fn(activations)`` (or the activations).
       * ``serve(flat_inputs)`` — tf.function taking one ``{input name: Tensor}``
-        dict, saved as ``signatures[signature_name]`` (there called with keyword
-        arguments; input names in the module docstring); returns a flat
+        dict, saved as the serving signature (there called with keyword
+        arguments; names by :mod:`tf_tpu_emb.signatures`); returns a flat
         ``{name: Tensor}`` dict.
       * ``tables`` — ``{table name: tf.Variable}``; ``model_variables`` — the
         variables captured from `model_fn`.
@@ -270,7 +223,6 @@ def export_serving(path, embedding, input_signature, model_fn=None, *,
                          % (sorted(unknown), [p for p, _ in flat_sig]))
 
     # Fresh variables owned by the module, holding copies of the trained tables.
-    module = tf.Module(name="serving")
     src_tables = embedding.embedding_tables
     names = [getattr(t, "name", None) for t in src_tables]
     if None in names or len(set(names)) != len(names):
@@ -280,18 +232,16 @@ def export_serving(path, embedding, input_signature, model_fn=None, *,
         for name, (table, value) in zip(names, src_tables.items()):
             if isinstance(value, tf.Variable):
                 value = value.read_value()
-            var = tf.Variable(tf.identity(value), name=_arg_name(name), trainable=False)
+            var = tf.Variable(tf.identity(value), name=_signatures.input_name(name),
+                              trainable=False)
             tables[table] = var
             by_name[name] = var
-    module.tables = by_name
 
     used_tables = {fc_by_path[p].table for p, _ in flat_sig}
     missing = [getattr(t, "name", t) for t in used_tables if t not in tables]
     if missing:
         raise ValueError("embedding.embedding_tables has no parameters for tables %s used by "
                          "the input_signature." % missing)
-
-    weighted_paths = [p for p, _ in flat_sig if p in weighted]
 
     def compute(features, weights):
         if weights:
@@ -303,76 +253,6 @@ def export_serving(path, embedding, input_signature, model_fn=None, *,
             features, weights, tables, feature_config)
         return act if model_fn is None else model_fn(act)
 
-    if weighted_paths:
-        w_sig = {p: _weight_spec(s) for p, s in flat_sig if p in weighted}
-
-        @tf.function(input_signature=[input_signature, w_sig])
-        def lookup(features, weights):
-            return compute(features, weights)
-    else:
-        @tf.function(input_signature=[input_signature])
-        def lookup(features):
-            return compute(features, None)
-
-    # Flat, plain-tensor signature.
-    flat_inputs = []  # (feature path, suffix, arg name, TensorSpec)
-    for p, spec in flat_sig:
-        for suffix, tspec in _flat_specs(spec, p in weighted):
-            arg = _arg_name(p if suffix is None else p + "/" + suffix)
-            flat_inputs.append((p, suffix, arg, tf.TensorSpec(tspec.shape, tspec.dtype, arg)))
-    args = [a for _, _, a, _ in flat_inputs]
-    dup = sorted({a for a in args if args.count(a) > 1})
-    if dup:
-        raise ValueError("Serving signature input names collide: %s (feature paths map to "
-                         "input names by replacing non-alphanumerics with '_')." % dup)
-
-    def serve_impl(kw):
-        parts = collections.defaultdict(dict)
-        for p, suffix, arg, _ in flat_inputs:
-            parts[p][suffix] = kw[arg]
-        features, weights = [], {}
-        for p, spec in flat_sig:
-            d = parts[p]
-            if isinstance(spec, tf.SparseTensorSpec):
-                st = tf.SparseTensor(d["indices"], d["values"], d["dense_shape"])
-                st.set_shape(spec.shape)
-                features.append(st)
-                if "weights" in d:
-                    w = tf.SparseTensor(d["indices"], d["weights"], d["dense_shape"])
-                    w.set_shape(spec.shape)
-                    weights[p] = w
-            elif isinstance(spec, tf.RaggedTensorSpec):
-                rt = tf.RaggedTensor.from_row_splits(d["values"], d["row_splits"],
-                                                     validate=True)
-                features.append(rt)
-                if "weights" in d:
-                    weights[p] = tf.RaggedTensor.from_row_splits(
-                        d["weights"], d["row_splits"], validate=False)
-            else:
-                features.append(d[None])
-        features = tf.nest.pack_sequence_as(input_signature, features)
-        return _signature_outputs(compute(features, weights))
-
-    serve = tf.function(serve_impl,
-                        input_signature=[{a: s for _, _, a, s in flat_inputs}])
-    serve_cf = serve.get_concrete_function()
-    lookup_cf = lookup.get_concrete_function()
-
-    assert_stock_ops(lookup_cf, "lookup function")
-    assert_stock_ops(serve_cf, "serving signature")
-
-    # Track what model_fn reads (Keras weights, captured tf.Variables).
-    own = {id(v) for v in by_name.values()}
-    model_vars, seen = [], set()
-    for cf in (lookup_cf, serve_cf):
-        for v in cf.variables:
-            if id(v) not in own and id(v) not in seen:
-                seen.add(id(v))
-                model_vars.append(v)
-    module.model_variables = model_vars
-    module.lookup = lookup
-    module.serve = serve
-
-    tf.saved_model.save(module, os.fspath(path), signatures={signature_name: serve_cf},
-                        options=options)
-    return module
+    return _signatures.build_serving_module(
+        compute, input_signature, by_name, weighted=weighted, module_name="serving",
+        what="lookup function", stock_check=assert_stock_ops)

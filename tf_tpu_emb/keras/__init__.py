@@ -43,13 +43,14 @@ Importing this module imports Keras; ``import tf_tpu_emb`` alone does not.
 """
 from tf_tpu_emb.keras import config
 from tf_tpu_emb.keras.config import deserialize_feature_config, serialize_feature_config
-from tf_tpu_emb.keras.export import export_serving, input_signature_of
+from tf_tpu_emb.keras.export import export_serving, input_signature_of, serving_module
 from tf_tpu_emb.keras.layers import (TPUEmbeddingLayer, engine_owner, release_engine,
                                      stock_lookup)
 from tf_tpu_emb.keras.v0_layers import (TPUEmbeddingV0Layer, export_serving_v0,
                                         fix_distributed_fit)
 
-__all__ = ["TPUEmbeddingLayer", "export_serving", "input_signature_of", "release_engine",
+__all__ = ["TPUEmbeddingLayer", "export_serving", "serving_module", "input_signature_of",
+           "release_engine",
            "engine_owner", "stock_lookup", "serialize_feature_config",
            "deserialize_feature_config", "config", "fix_distributed_fit",
            "TPUEmbeddingV0Layer", "export_serving_v0"]

@@ -13,11 +13,11 @@ The exported module has the surface of :func:`tf_tpu_emb.export_serving`:
 * ``lookup(inputs)``: ``tf.function`` with the composite input signature (the
   model's input structure: ``tf.TensorSpec`` / ``tf.SparseTensorSpec`` /
   ``tf.RaggedTensorSpec``), returning the model's outputs;
-* ``signatures["serving_default"]``: flat, plain-tensor inputs named as in
-  :mod:`tf_tpu_emb.serving` (dense ``n``; sparse ``n_indices``, ``n_values``,
-  ``n_dense_shape``; ragged ``n_values``, ``n_row_splits``; ``n`` = the
-  ``/``-joined input path with non-alphanumerics replaced by ``_``), and flat
-  outputs (``output_0`` for a single tensor, joined paths for a dict);
+* ``signatures["serving_default"]``: flat, plain-tensor inputs and outputs
+  named by the one rule of :mod:`tf_tpu_emb.signatures` (dense ``n``; sparse
+  ``n_indices``, ``n_values``, ``n_dense_shape``; ragged ``n_values``,
+  ``n_row_splits``; ``output_0`` for a single output tensor, joined paths for
+  a dict);
 * ``tables``: ``{table name: tf.Variable}`` (``<layer>/<table>`` when the
   model has several embedding layers); ``model_variables``: the rest.
 """
@@ -28,9 +28,10 @@ import tensorflow as tf
 from tensorflow.python.util import nest as _nest
 
 from tf_tpu_emb import serving as serving_lib
+from tf_tpu_emb import signatures as signatures_lib
 from tf_tpu_emb.keras import layers as layers_lib
 
-__all__ = ["export_serving", "input_signature_of"]
+__all__ = ["export_serving", "serving_module", "input_signature_of"]
 
 
 def _spec_of(kt):
@@ -74,6 +75,16 @@ def export_serving(path, model, input_signature=None, *, signature_name="serving
       tf_tpu_emb.serving.NonStockOpError: a traced function contains an op of
         tf_tpu_emb or a TPU-embedding op (nothing is written).
     """
+    input_signature, emb_layers = _check(model, input_signature)
+    with layers_lib.stock_lookup(emb_layers):
+        module = _build(model, emb_layers, input_signature)
+        # Saving may trace again: still in stock-lookup mode.
+        signatures_lib.save(module, path, signature_name, options)
+    serving_lib.assert_stock_ops(os.fspath(path), "exported SavedModel")
+    return module
+
+
+def _check(model, input_signature):
     if input_signature is None:
         input_signature = input_signature_of(model)
     emb_layers = [l for l in model._flatten_layers()  # pylint: disable=protected-access
@@ -89,70 +100,27 @@ def export_serving(path, model, input_signature=None, *, signature_name="serving
                                                       or spec.ragged_rank != 1):
             raise ValueError("Ragged input %r must be rank 2 with ragged_rank 1." % p)
 
-    module = tf.Module(name="keras_serving")
+    return input_signature, emb_layers
+
+
+def serving_module(model, input_signature=None):
+    """Builds, without saving, the stock-op module :func:`export_serving`
+    writes (same attributes), e.g. to score in-process.  Its functions are
+    traced once, for `input_signature`."""
+    input_signature, emb_layers = _check(model, input_signature)
+    with layers_lib.stock_lookup(emb_layers):
+        return _build(model, emb_layers, input_signature)
+
+
+def _build(model, emb_layers, input_signature):
     tables = collections.OrderedDict()
     several = len(emb_layers) > 1
     for layer in emb_layers:
         for tname, states in layer.table_variables().items():
             key = "%s/%s" % (layer.name, tname) if several else tname
             tables[key] = states["parameters"].value
-
-    def compute(inputs):
-        return model(inputs, training=False)
-
-    with layers_lib.stock_lookup(emb_layers):
-        lookup = tf.function(compute, input_signature=[input_signature])
-        lookup_cf = lookup.get_concrete_function()
-
-        flat_inputs = []  # (path, suffix, arg name, TensorSpec)
-        for p, spec in flat_sig:
-            for suffix, tspec in serving_lib._flat_specs(spec, False):  # pylint: disable=protected-access
-                arg = serving_lib._arg_name(p if suffix is None else p + "/" + suffix)  # pylint: disable=protected-access
-                flat_inputs.append((p, suffix, arg, tf.TensorSpec(tspec.shape, tspec.dtype, arg)))
-        args = [a for _, _, a, _ in flat_inputs]
-        dup = sorted({a for a in args if args.count(a) > 1})
-        if dup:
-            raise ValueError("Serving signature input names collide: %s." % dup)
-
-        def serve_impl(kw):
-            parts = collections.defaultdict(dict)
-            for p, suffix, arg, _ in flat_inputs:
-                parts[p][suffix] = kw[arg]
-            values = []
-            for p, spec in flat_sig:
-                d = parts[p]
-                if isinstance(spec, tf.SparseTensorSpec):
-                    st = tf.SparseTensor(d["indices"], d["values"], d["dense_shape"])
-                    st.set_shape(spec.shape)
-                    values.append(st)
-                elif isinstance(spec, tf.RaggedTensorSpec):
-                    values.append(tf.RaggedTensor.from_row_splits(d["values"], d["row_splits"],
-                                                                  validate=True))
-                else:
-                    values.append(d[None])
-            inputs = tf.nest.pack_sequence_as(input_signature, values)
-            return serving_lib._signature_outputs(compute(inputs))  # pylint: disable=protected-access
-
-        serve = tf.function(serve_impl, input_signature=[{a: s for _, _, a, s in flat_inputs}])
-        serve_cf = serve.get_concrete_function()
-
-        serving_lib.assert_stock_ops(lookup_cf, "Keras model's serving function")
-        serving_lib.assert_stock_ops(serve_cf, "serving signature")
-
-        own = {id(v) for v in tables.values()}
-        model_vars, seen = [], set()
-        for cf in (lookup_cf, serve_cf):
-            for v in cf.variables:
-                if id(v) not in own and id(v) not in seen:
-                    seen.add(id(v))
-                    model_vars.append(v)
-        module.tables = dict(tables)
-        module.model_variables = model_vars
-        module.lookup = lookup
-        module.serve = serve
-        # Saving may trace again: still in stock-lookup mode.
-        tf.saved_model.save(module, os.fspath(path), signatures={signature_name: serve_cf},
-                            options=options)
-    serving_lib.assert_stock_ops(os.fspath(path), "exported SavedModel")
-    return module
+    return signatures_lib.build_serving_module(
+        lambda inputs, weights: model(inputs, training=False), input_signature, tables,
+        module_name="keras_serving", what="Keras model's serving function",
+        stock_check=serving_lib.assert_stock_ops, collision_hint=".")
 

@@ -81,44 +81,43 @@ structure, ``None`` for unweighted features) in the same kind as the ids.
 Serving: :func:`tf_tpu_emb.keras.export_serving` writes a SavedModel of the
 whole Keras model in which the layer is a stock-op lookup
 (``tf.tpu.experimental.embedding.serving_embedding_lookup``) of its weights.
+
+Module layout: input conversion lives in :mod:`tf_tpu_emb.keras.inputs`, the
+table mirrors in :mod:`tf_tpu_emb.keras.mirrors`; this file is the layer's
+Keras lifecycle (build, acquire/release of the engine, call, saving), which
+is one class and is kept in one file although it is a little over 600 lines.
 """
 import contextlib
 import re
-import weakref
 
 import keras
 import tensorflow as tf
-from tensorflow.core.protobuf.tpu import tpu_embedding_configuration_pb2 as config_pb2
 from tensorflow.python.ops import resource_variable_ops
 from tensorflow.python.tpu import tpu_embedding_v2_utils as v2_utils
 from tensorflow.python.util import nest
 
+from tf_tpu_emb import engine_registry
 from tf_tpu_emb import gradients as gradients_lib
+from tf_tpu_emb import layout as layout_lib
 from tf_tpu_emb import mid_level
 from tf_tpu_emb import ops as ops_lib
 from tf_tpu_emb import optimizers as optimizers_lib
 from tf_tpu_emb.keras import config as config_lib
+from tf_tpu_emb.keras import inputs as inputs_lib
+from tf_tpu_emb.keras import mirrors as mirrors_lib
 
-try:  # Keras-internal: stateless (symbolic) assigns and Keras' symbolic traces.
-    from keras.src.backend.common.stateless_scope import in_stateless_scope
+try:  # Keras-internal: Keras' symbolic traces.
     from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 except ImportError:  # pragma: no cover
-    def in_stateless_scope():
-        return False
-
     def in_symbolic_scope():
         return False
 
 __all__ = ["TPUEmbeddingLayer", "release_engine", "engine_owner", "stock_lookup"]
 
-# Weak reference to the layer that configured this process's engine.
-_OWNER = [None]
-
-
 def engine_owner():
     """The :class:`TPUEmbeddingLayer` whose engine is configured in this process, or None."""
-    ref = _OWNER[0]
-    return ref() if ref is not None else None
+    layer = engine_registry.holder()
+    return layer if isinstance(layer, TPUEmbeddingLayer) else None
 
 
 def release_engine():
@@ -129,12 +128,6 @@ def release_engine():
         return False
     layer.release()
     return True
-
-
-def _eager_host_context():
-    """True where a layer may run the engine's Load/Retrieve ops now."""
-    return (tf.executing_eagerly() and not in_stateless_scope()
-            and (not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context()))
 
 
 def _safe(name):
@@ -153,7 +146,7 @@ class _State:
         self.embedding = None        # tf_tpu_emb.TPUEmbedding (after build)
         self.tables = []             # TableConfigs, engine (table id) order
         self.dummies = []            # Keras variables, by table id
-        self.mirrors = []            # per table: [(state name, _TableVariable)]
+        self.mirrors = []            # per table: [(state name, mirrors.TableVariable)]
         self.acquired = False        # the engine is configured by this layer
         self.layout = None
         self.per_replica_batch = None
@@ -164,48 +157,6 @@ class _State:
         self.syncing = False
         self.sinks = {}              # (replica, table id) -> scratch variable
         self.stock = 0               # > 0: stock-op lookup (serving export)
-
-
-class _TableVariable(keras.Variable):
-    """Non-trainable Keras weight mirroring one table state of the engine.
-
-    A plain host variable (never a distributed one, whatever strategy is
-    active).  Eager assignments are written through to the engine; reads of
-    the owner's weights refresh it from the engine first (see the module doc).
-    """
-
-    def __init__(self, *args, owner=None, table_id=0, state="parameters", **kwargs):
-        self._owner_ref = weakref.ref(owner) if owner is not None else None
-        self.table_id = table_id
-        self.state = state
-        super().__init__(*args, **kwargs)
-
-    def _initialize(self, value):
-        with tf.init_scope(), tf.device("/CPU:0"):
-            self._value = resource_variable_ops.ResourceVariable(
-                initial_value=value, dtype=self._dtype, trainable=False, name=self.name)
-
-    def _owner(self):
-        return self._owner_ref() if self._owner_ref is not None else None
-
-    def assign(self, value):
-        owner = self._owner()
-        if owner is None or owner._state.syncing or not _eager_host_context():  # pylint: disable=protected-access
-            return super().assign(value)
-        return owner._assign_state(self, value, super().assign)  # pylint: disable=protected-access
-
-    def _serialize_to_tensors(self):
-        owner = self._owner()
-        if owner is not None:
-            owner._maybe_sync_from_engine()  # pylint: disable=protected-access
-        return super()._serialize_to_tensors()
-
-    def _restore_from_tensors(self, restored_tensors):
-        result = super()._restore_from_tensors(restored_tensors)
-        owner = self._owner()
-        if owner is not None and _eager_host_context():
-            owner._load_tables([self.table_id])  # pylint: disable=protected-access
-        return result
 
 
 @keras.saving.register_keras_serializable(package="tf_tpu_emb")
@@ -329,7 +280,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
                 trainable=True))
             opt = table.optimizer
             inits = dict(zip(opt._slot_names(), opt._slot_initializers()))  # pylint: disable=protected-access
-            _, names = st.embedding._table_state(table)  # pylint: disable=protected-access
+            names = self._table_ops(table).tensors
             mirrors = []
             for name in names:
                 init = table.initializer if name == "parameters" else inits.get(name)
@@ -339,14 +290,14 @@ class TPUEmbeddingLayer(keras.layers.Layer):
                     initializer = (lambda shape, dtype=None, _i=init:
                                    _i(shape, dtype=tf.as_dtype(dtype or "float32")))
                 with self._open_name_scope():
-                    var = _TableVariable(
+                    var = mirrors_lib.TableVariable(
                         initializer=initializer, shape=(table.vocabulary_size, table.dim),
                         dtype="float32", trainable=False, name="%s_%s" % (tname, name),
                         owner=self, table_id=tid, state=name)
                 self._track_variable(var)
                 mirrors.append((name, var))
             st.mirrors.append(mirrors)
-        st.batch_hint = _batch_hint(st.feature_config, input_shape)
+        st.batch_hint = inputs_lib.batch_hint(st.feature_config, input_shape)
         with tf.init_scope(), tf.device("/CPU:0"):
             st.counter = resource_variable_ops.ResourceVariable(
                 tf.constant(0, tf.int64), trainable=False, name="tpu_embedding_train_steps")
@@ -366,7 +317,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
                 raise ValueError("batch_size %d is not divisible by the %d replicas."
                                  % (self._batch_size, replicas))
             return self._batch_size // replicas, replicas
-        static = next((b for b in (_static_batch(x) for x in flat_inputs) if b is not None),
+        static = next((b for b in (inputs_lib.static_batch(x) for x in flat_inputs) if b is not None),
                       None)
         in_replica = tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context()
         if static is not None and (in_replica or replicas == 1):
@@ -414,20 +365,13 @@ class TPUEmbeddingLayer(keras.layers.Layer):
                                                                          shapes))
             except Exception:
                 # Do not leave a half-built engine configured behind.
-                if mid_level._ENGINE_OWNER[0] == id(emb):  # pylint: disable=protected-access
-                    ops_lib.shutdown_tpu_embedding()
-                    mid_level._ENGINE_OWNER[0] = None  # pylint: disable=protected-access
+                engine_registry.release(emb)
                 st.embedding = None
                 raise
             st.acquired = True
-            _OWNER[0] = weakref.ref(self)
+            engine_registry.set_holder(emb, self)
             st.per_replica_batch, st.num_replicas = batch, replicas
-            # Feature names may repeat (or be unset); the Send ignores them.
-            config = config_pb2.TPUEmbeddingConfiguration()
-            config.ParseFromString(emb.config_proto)
-            for fd in config.feature_descriptor:
-                fd.ClearField("name")
-            st.layout = gradients_lib.Layout.from_config(config)
+            st.layout = emb.layout
             self._load_tables()
             st.synced_at = int(st.counter.numpy())
         return emb
@@ -441,13 +385,11 @@ class TPUEmbeddingLayer(keras.layers.Layer):
                 self._maybe_sync_from_engine(force=True)
                 st.embedding.shutdown()
         st.acquired = False
-        if engine_owner() is self:
-            _OWNER[0] = None
 
-    def _table_ops(self, table, kind):
-        info = optimizers_lib.info_of(table.optimizer)
-        return getattr(ops_lib, ops_lib._snake("%sTPUEmbedding%sParameters"  # pylint: disable=protected-access
-                                               % (kind, info.op_infix)))
+    @staticmethod
+    def _table_ops(table):
+        """The typed Load/Retrieve handles of the table's optimizer."""
+        return ops_lib.table_ops(optimizers_lib.info_of(table.optimizer).proto_field)
 
     def _load_tables(self, table_ids=None):
         """Mirrors -> engine (no-op while the engine is not configured by this layer)."""
@@ -457,14 +399,13 @@ class TPUEmbeddingLayer(keras.layers.Layer):
         with tf.init_scope():
             for tid in (range(len(st.tables)) if table_ids is None else table_ids):
                 table = st.tables[tid]
-                load = self._table_ops(table, "Load")
-                load(*[v.value for _, v in st.mirrors[tid]], num_shards=1, shard_id=0,
+                self._table_ops(table).load(*[v.value for _, v in st.mirrors[tid]], num_shards=1, shard_id=0,
                      table_name=table.name)
 
     def _maybe_sync_from_engine(self, force=False):
         """Engine -> mirrors, if a training step may have changed the tables."""
         st = self._state
-        if not st.acquired or st.syncing or not _eager_host_context():
+        if not st.acquired or st.syncing or not mirrors_lib.eager_host_context():
             return
         with tf.init_scope():
             steps = int(st.counter.numpy())
@@ -473,7 +414,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
             st.syncing = True
             try:
                 for tid, table in enumerate(st.tables):
-                    values = self._table_ops(table, "Retrieve")(
+                    values = self._table_ops(table).retrieve(
                         num_shards=1, shard_id=0, table_name=table.name)
                     if isinstance(values, tf.Tensor):
                         values = [values]
@@ -520,7 +461,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
                     st.sinks[key] = resource_variable_ops.ResourceVariable(
                         tf.zeros([1], tf.float32), trainable=False,
                         name="tpu_embedding_gradient_sink")
-            handles.append(_gradient_barrier(tf.convert_to_tensor(dummy), st.sinks[key]))
+            handles.append(gradients_lib.gradient_barrier(tf.convert_to_tensor(dummy), st.sinks[key]))
         return handles
 
     def _learning_rates_fn(self):
@@ -549,12 +490,12 @@ class TPUEmbeddingLayer(keras.layers.Layer):
             # Keras tracing the model for shapes (backend.compute_output_spec,
             # e.g. the symbolic build of fit under a strategy): no engine.
             return nest.pack_sequence_as(st.feature_config, [
-                tf.zeros(tf.stack([_dynamic_batch(x)] + [d or 1 for d in dims[1:]]),
+                tf.zeros(tf.stack([inputs_lib.dynamic_batch(x)] + [d or 1 for d in dims[1:]]),
                          self.compute_dtype)
                 for x, dims in zip(flat_x, self._output_dims(flat_x))])
-        flat_x, flat_w = _dense_bags_to_sparse(flat_x, flat_w)
+        flat_x, flat_w = inputs_lib.dense_bags_to_sparse(flat_x, flat_w)
         pack = lambda xs: nest.pack_sequence_as(st.feature_config, xs)  # noqa: E731
-        train = _as_bool(training) and self.trainable
+        train = inputs_lib.as_bool(training) and self.trainable
         replicas = self._num_replicas()
         in_replica = tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context()
         cross_replica = (replicas > 1 and not in_replica and
@@ -593,9 +534,9 @@ class TPUEmbeddingLayer(keras.layers.Layer):
     def _pad(self, flat_x, flat_w, batch, train):
         """Pads a smaller batch to the engine's with empty rows; returns the inputs
         and the actual batch (None when nothing was padded)."""
-        if all(_static_batch(x) == batch for x in flat_x):
+        if all(inputs_lib.static_batch(x) == batch for x in flat_x):
             return flat_x, flat_w, None
-        actual = _dynamic_batch(flat_x[0])
+        actual = inputs_lib.dynamic_batch(flat_x[0])
         check = tf.debugging.assert_less_equal(
             actual, tf.constant(batch, tf.int32),
             message="TPUEmbeddingLayer '%s': a batch of more samples per replica than the "
@@ -605,11 +546,11 @@ class TPUEmbeddingLayer(keras.layers.Layer):
         with tf.control_dependencies(deps):
             for x, w, f in zip(flat_x, flat_w, self._state.flat_features):
                 if isinstance(x, tf.SparseTensor):
-                    new_x.append(_pad_sparse(x, batch))
-                    new_w.append(None if w is None else _pad_sparse(w, batch))
+                    new_x.append(inputs_lib.pad_sparse(x, batch))
+                    new_w.append(None if w is None else inputs_lib.pad_sparse(w, batch))
                 elif isinstance(x, tf.RaggedTensor):
-                    new_x.append(_pad_ragged(x, batch))
-                    new_w.append(None if w is None else _pad_ragged(w, batch))
+                    new_x.append(inputs_lib.pad_ragged(x, batch))
+                    new_w.append(None if w is None else inputs_lib.pad_ragged(w, batch))
                 else:
                     x = tf.convert_to_tensor(x)
                     new_w.append(w)
@@ -671,14 +612,8 @@ class TPUEmbeddingLayer(keras.layers.Layer):
             batch = shape[0] if shape else None
             if f.output_shape is not None and f.output_shape.rank:
                 dims = [batch] + f.output_shape.as_list()[1:]
-            elif getattr(x, "ragged", False) or isinstance(x, tf.RaggedTensor):
-                dims = [batch, f.max_sequence_length] if f.max_sequence_length else [batch]
-            elif len(shape) <= 1:
-                dims = shape
-            elif len(shape) == 2 and shape[-1] != 1 and f.max_sequence_length > 0:
-                dims = [batch, f.max_sequence_length]
-            else:
-                dims = shape[:-1]
+            else:  # ragged inputs are [batch, None]: bags, or sequences
+                dims = layout_lib.output_shape(f, shape)
             out.append(list(dims) + [f.table.dim])
         return out
 
@@ -729,106 +664,6 @@ class TPUEmbeddingLayer(keras.layers.Layer):
         if st.acquired:
             self._load_tables()
             st.synced_at = int(st.counter.numpy())
-
-
-# ---------------------------------------------------------------- helpers
-
-def _as_bool(training):
-    if training is None:
-        return False
-    if isinstance(training, bool):
-        return training
-    value = tf.get_static_value(training)
-    if value is None:
-        raise ValueError("TPUEmbeddingLayer needs a Python bool `training` (got a tensor).")
-    return bool(value)
-
-
-def _gradient_barrier(value, sink):
-    """Identity whose gradient is routed through `sink` (assign, then read)."""
-
-    @tf.custom_gradient
-    def barrier(x):
-        def grad(upstream):
-            assign = sink.assign(tf.reshape(tf.cast(upstream, tf.float32), [1]),
-                                 read_value=False)
-            with tf.control_dependencies([assign] if assign is not None else []):
-                return tf.identity(sink.read_value())
-        return tf.identity(x), grad
-
-    return barrier(value)
-
-
-def _dense_bags_to_sparse(flat_x, flat_w):
-    """Dense ids ``[B, ..., L]`` with a last dimension other than 1 are bags (or
-    sequences) padded with negative ids: they become SparseTensors without the
-    padding (dense weights of the same shape follow the same mask)."""
-    out_x, out_w = [], []
-    for x, w in zip(flat_x, flat_w):
-        if (isinstance(x, (tf.SparseTensor, tf.RaggedTensor)) or x.shape.rank is None
-                or x.shape.rank < 2 or x.shape[-1] == 1):
-            out_x.append(x)
-            out_w.append(w)
-            continue
-        x = tf.convert_to_tensor(x)
-        indices = tf.where(x >= 0)
-        shape = tf.shape(x, out_type=tf.int64)
-        sp = tf.SparseTensor(indices, tf.gather_nd(x, indices), shape)
-        sp.set_shape(x.shape)
-        out_x.append(sp)
-        if w is not None and not isinstance(w, (tf.SparseTensor, tf.RaggedTensor)):
-            w = tf.SparseTensor(indices, tf.gather_nd(tf.convert_to_tensor(w, tf.float32),
-                                                      indices), shape)
-            w.set_shape(x.shape)
-        out_w.append(w)
-    return out_x, out_w
-
-
-def _static_batch(x):
-    shape = x.shape
-    if shape.rank is None or shape.rank == 0:
-        return None
-    return shape[0]
-
-
-def _dynamic_batch(x):
-    if isinstance(x, tf.SparseTensor):
-        return tf.cast(x.dense_shape[0], tf.int32)
-    if isinstance(x, tf.RaggedTensor):
-        return tf.cast(x.nrows(), tf.int32)
-    return tf.shape(x)[0]
-
-
-def _pad_sparse(x, batch):
-    shape = tf.concat([tf.constant([batch], tf.int64), x.dense_shape[1:]], 0)
-    out = tf.SparseTensor(x.indices, x.values, shape)
-    out.set_shape([batch] + x.shape.as_list()[1:])
-    return out
-
-
-def _pad_ragged(x, batch):
-    splits = x.row_splits
-    n = tf.shape(splits, out_type=splits.dtype)[0] - 1
-    splits = tf.concat([splits, tf.fill([tf.cast(batch, splits.dtype) - n], splits[-1])], 0)
-    return tf.RaggedTensor.from_row_splits(x.values, splits, validate=False)
-
-
-def _batch_hint(feature_config, input_shape):
-    """The static (global) batch dimension of the build shapes, if any."""
-    if input_shape is None:
-        return None
-    try:
-        flat = nest.flatten_up_to(feature_config, input_shape, check_types=False)
-    except (TypeError, ValueError):
-        return None
-    for shape in flat:
-        try:
-            dims = list(shape)
-        except TypeError:
-            continue
-        if dims and isinstance(dims[0], int):
-            return dims[0]
-    return None
 
 
 @contextlib.contextmanager

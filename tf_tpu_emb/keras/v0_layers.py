@@ -27,14 +27,14 @@ that the serving lookup drops ids < 0 and, for mean/sqrtn, entries with
 weight <= 0 (``FeatureConfig.validate_weights_and_indices``).
 """
 import contextlib
-import re
 import threading
 
 import keras
 import tensorflow as tf
 from tensorflow.python.util import nest
 
-from tf_tpu_emb import serving as serving_lib
+from tf_tpu_emb import layout as layout_lib
+from tf_tpu_emb import signatures as signatures_lib
 from tf_tpu_emb.keras import config as config_lib
 from tf_tpu_emb.v0 import TPUEmbeddingV0
 
@@ -153,20 +153,13 @@ class TPUEmbeddingV0Layer(keras.layers.Layer):
 
     @staticmethod
     def _output_shape(x, feature):
-        shape = tuple(x.shape)
-        dim = feature.table.dim
-        sequence = not feature.output_shape and feature.max_sequence_length > 0
         if getattr(x, "ragged", False) or isinstance(x, tf.RaggedTensor):
-            if sequence:
-                return (shape[0], feature.max_sequence_length, dim)
-            if feature.output_shape:
-                return tuple(feature.output_shape.as_list()) + (dim,)
-            return (shape[0], dim)
-        if getattr(x, "sparse", False) or isinstance(x, tf.SparseTensor):
-            if sequence and len(shape) == 2:
-                return (shape[0], feature.max_sequence_length, dim)
-            return shape[:-1] + (dim,)
-        return shape + (dim,)
+            kind = "ragged"
+        elif getattr(x, "sparse", False) or isinstance(x, tf.SparseTensor):
+            kind = "sparse"
+        else:
+            kind = "dense"
+        return layout_lib.v0_output_shape(feature, x.shape, kind)
 
     def get_config(self):
         config = super().get_config()
@@ -278,48 +271,17 @@ def _spec_of(x):
     return tf.TensorSpec(shape, x.dtype)
 
 
-def _component_name(path, suffix=None):
-    # Signature argument names: TF turns anything but [A-Za-z0-9_] into "_".
-    name = (path or "input") + ("/" + suffix if suffix else "")
-    return re.sub(r"[^A-Za-z0-9_]", "_", name)
-
-
-def _component_specs(input_signature):
-    """Flat ``{name: TensorSpec}`` of the tensors making up the inputs, for a
-    signature (see :func:`export_serving_v0`); None if some input has none."""
-    specs = {}
-
-    def add(name, spec):
-        if name in specs:
-            raise ValueError("export_serving_v0: two input tensors are named %r in the "
-                             "serving signature; rename a feature" % name)
-        specs[name] = spec
-
-    for path, spec in nest.flatten_with_joined_string_paths(input_signature):
+def _flat_signature(input_signature):
+    """The flat signature of the inputs (see :func:`export_serving_v0`), or None
+    if some input has no plain-tensor form."""
+    for _, spec in nest.flatten_with_joined_string_paths(input_signature):
         if isinstance(spec, tf.RaggedTensorSpec) and spec.ragged_rank != 1:
             return None
         if not isinstance(spec, (tf.SparseTensorSpec, tf.RaggedTensorSpec, tf.TensorSpec)):
             return None
-        # The component tensors as in tf_tpu_emb.serving (one definition).
-        for suffix, component in serving_lib._flat_specs(spec, False):  # pylint: disable=protected-access
-            add(_component_name(path, suffix), tf.TensorSpec(component.shape, component.dtype))
-    return specs
-
-
-def _from_components(input_signature, components):
-    flat = []
-    for path, spec in nest.flatten_with_joined_string_paths(input_signature):
-        if isinstance(spec, tf.SparseTensorSpec):
-            flat.append(tf.SparseTensor(components[_component_name(path, "indices")],
-                                        components[_component_name(path, "values")],
-                                        components[_component_name(path, "dense_shape")]))
-        elif isinstance(spec, tf.RaggedTensorSpec):
-            flat.append(tf.RaggedTensor.from_row_splits(
-                components[_component_name(path, "values")],
-                components[_component_name(path, "row_splits")]))
-        else:
-            flat.append(components[_component_name(path)])
-    return nest.pack_sequence_as(input_signature, flat)
+    return signatures_lib.FlatSignature(input_signature,
+                                        name_fn=signatures_lib.v0_input_name,
+                                        collision_hint="; rename a feature")
 
 
 def export_serving_v0(model, filepath, input_signature=None):
@@ -333,11 +295,13 @@ def export_serving_v0(model, filepath, input_signature=None):
     * ``serve(inputs)``: a ``tf.function`` taking the model's input structure
       (dense Tensors, SparseTensors, RaggedTensors), returning its outputs;
     * the ``serving_default`` signature (TF Serving): the same, with the
-      composite inputs passed as their component tensors, named after the
-      input's path (``nest``'s joined path, every character but
-      ``[A-Za-z0-9_]`` replaced by ``_``) plus ``_indices``, ``_values``,
-      ``_dense_shape`` (sparse) or ``_values``, ``_row_splits`` (ragged),
-      e.g. ``item_watched_values``; dense inputs are named by their path.
+      composite inputs passed as their component tensors, named by the rule
+      of :mod:`tf_tpu_emb.signatures` (V0 spelling, :func:`v0_input_name`:
+      the joined path, every character but ``[A-Za-z0-9_]`` replaced by
+      ``_``, plus ``_indices``, ``_values``, ``_dense_shape`` (sparse) or
+      ``_values``, ``_row_splits`` (ragged), e.g. ``item_watched_values``;
+      dense inputs are named by their path), outputs as
+      :func:`tf_tpu_emb.signatures.output_dict` names them.
 
     Args:
       model: a built ``keras.Model``.
@@ -370,14 +334,11 @@ def export_serving_v0(model, filepath, input_signature=None):
                                  autograph=False)
         root.serve.get_concrete_function()
         signatures = None
-        components = _component_specs(input_signature)
-        if components is not None:
+        flat = _flat_signature(input_signature)
+        if flat is not None:
             def serving_default(**tensors):
-                outputs = outputs_of(_from_components(input_signature, tensors))
-                if isinstance(outputs, dict):
-                    return outputs
-                return {"output_%d" % i: t for i, t in enumerate(nest.flatten(outputs))}
-            signatures = {"serving_default": tf.function(
-                serving_default, autograph=False).get_concrete_function(**components)}
+                return signatures_lib.output_dict(outputs_of(flat.unflatten(tensors)[0]))
+            signatures = {signatures_lib.DEFAULT_SIGNATURE: tf.function(
+                serving_default, autograph=False).get_concrete_function(**flat.specs)}
         tf.saved_model.save(root, filepath, signatures=signatures)
     return root.serve
