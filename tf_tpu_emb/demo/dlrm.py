@@ -302,6 +302,10 @@ def parse_args(argv=None):
         epilog="Defaults without --quick: %s; with --quick: %s." % (
             ", ".join("%s %s" % (k, v) for k, v in DEFAULTS.items()),
             ", ".join("%s %s" % (k, v) for k, v in QUICK.items())))
+    p.add_argument("--data", choices=("synthetic", "movielens-100k"), default="synthetic",
+                   help="synthetic: this job, on a generated click log (default); "
+                   "movielens-100k: the rating job on real data (`--data movielens-100k "
+                   "--help` for its flags)")
     p.add_argument("--steps", type=int, help="training steps")
     p.add_argument("--batch-size", type=int, help="examples per step")
     p.add_argument("--dim", type=int, help="embedding dimension of every table")
