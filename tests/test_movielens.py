@@ -209,16 +209,15 @@ def test_rmse_mae():
 
 
 def test_bags_gather_per_row(tmp_path):
-    from tf_tpu_emb.demo import movielens
     data, _ = mld.load(write_wheel(tmp_path / mld.WHEEL))
-    values, splits = movielens.rated_movies(data, np.array([0, 2, 3, 4]))
+    values, splits = mld.rated_movies(data, np.array([0, 2, 3, 4]))
     # Training ratings 0, 2, 3, 4: user row 1 rated movies 3, 1; row 2: 3; row 3: 3.
     rows = [list(values[splits[u]:splits[u + 1]]) for u in range(4)]
     assert rows == [[], [3, 1], [3], [3]]
-    got_values, got_splits = movielens.gather_rows(values, splits, np.array([3, 0, 1, 1]))
+    got_values, got_splits = mld.gather_rows(values, splits, np.array([3, 0, 1, 1]))
     np.testing.assert_array_equal(got_splits, [0, 1, 1, 3, 5])
     np.testing.assert_array_equal(got_values, [3, 3, 1, 3, 1])
-    g_values, g_splits = movielens.ragged_rows(data.movie_genres)
+    g_values, g_splits = mld.ragged_rows(data.movie_genres)
     np.testing.assert_array_equal(g_splits, [0, 1, 2, 3, 5])
 
 

@@ -47,6 +47,7 @@ import tensorflow as tf  # noqa: E402
 import tf_tpu_emb  # noqa: E402
 from tf_tpu_emb.demo import common  # noqa: E402
 from tf_tpu_emb.demo import movielens_data as mld  # noqa: E402
+from tf_tpu_emb.demo import movielens_report as report  # noqa: E402
 
 E = tf.tpu.experimental.embedding
 
@@ -57,15 +58,6 @@ FEATURES = USER_SIDE + MOVIE_SIDE
 # vocabulary, combiner).  "rated" is the movies the user rated in the fold's
 # training part (SVD++'s implicit feedback; sqrtn = its |N(u)|^-1/2 scaling).
 BAGS = {"genres": ("movie", "genres", "mean"), "rated": ("user", "movie", "sqrtn")}
-
-# Published 5-fold cross-validation results on MovieLens-100k (mean RMSE, MAE):
-# the Surprise library's benchmark table (README "Benchmarks", default
-# parameters, the same folds for every algorithm).
-PUBLISHED_SOURCE = ("Surprise (scikit-surprise) README, 'Benchmarks', Movielens 100k, 5-fold CV: "
-                    "https://github.com/NicolasHug/Surprise#benchmarks")
-PUBLISHED = {"SVD": (0.934, 0.737), "SVD++": (0.919, 0.721), "NMF": (0.963, 0.758),
-             "Slope One": (0.946, 0.743), "k-NN Baseline": (0.931, 0.733),
-             "Baseline (BaselineOnly)": (0.944, 0.748)}
 
 DEFAULTS = dict(folds=5, run_folds=None, epochs=20, batch_size=512, dim=32, max_ratings=None)
 QUICK = dict(folds=5, run_folds=1, epochs=1, batch_size=128, dim=8, max_ratings=4000)
@@ -119,43 +111,12 @@ def feature_config(features, data, dim, init_std):
     return config
 
 
-def rating_ids(data):
-    """Per rating, the row of each single-id feature."""
-    ids = {"user": data.user, "movie": data.movie, "year": data.movie_year[data.movie]}
-    for f in ("occupation", "age", "gender"):
-        ids[f] = data.user_features[f][data.user]
-    return ids
-
-
-def ragged_rows(padded):
-    """(values, row_splits) of a -1 padded matrix."""
-    mask = padded >= 0
-    return padded[mask], np.concatenate([[0], np.cumsum(mask.sum(1))]).astype(np.int64)
-
-
-def rated_movies(data, train):
-    """(values, row_splits) per user row: the movies rated in `train`."""
-    users = data.user[train]
-    values = data.movie[train][np.argsort(users, kind="stable")]
-    counts = np.bincount(users, minlength=len(data.vocab["user"]))
-    return values, np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-
-
-def gather_rows(values, splits, rows):
-    """Rows `rows` of the ragged (values, splits): (values, row_splits)."""
-    starts = splits[rows]
-    lengths = splits[rows + 1] - starts
-    out = np.zeros(len(rows) + 1, np.int64)
-    np.cumsum(lengths, out=out[1:])
-    return values[np.arange(out[-1]) - np.repeat(out[:-1] - starts, lengths)], out
-
-
 def batch_inputs(features, ids, bags, idx):
     """The tf.function inputs for ratings `idx`: ids, and values + row splits per bag."""
     out = {f: ids[f][idx] for f in features if f not in BAGS}
     for f in features:
         if f in BAGS:
-            out[f + "_values"], out[f + "_row_splits"] = gather_rows(
+            out[f + "_values"], out[f + "_row_splits"] = mld.gather_rows(
                 *bags[f], ids[BAGS[f][0]][idx])
     return out
 
@@ -186,7 +147,7 @@ class Fold:
     def __init__(self, args, data, ids, train):
         self.args, self.ids = args, ids
         features = self.features = args.features
-        self.bags = {"genres": ragged_rows(data.movie_genres), "rated": rated_movies(data, train)}
+        self.bags = {"genres": mld.ragged_rows(data.movie_genres), "rated": mld.rated_movies(data, train)}
         self.embedding = tf_tpu_emb.TPUEmbedding(
             feature_config(features, data, args.dim, args.init_std),
             E.Adagrad(learning_rate=args.embedding_lr))
@@ -280,50 +241,7 @@ def run_fold(fold_no, args, data, ids, train, test, progress, step0, rng):
             "seconds": time.perf_counter() - t0}, fold
 
 
-# ---------------------------------------------------------------------- output
-
-def plot(folds, summary, path):
-    """cv.png: per-epoch held-out RMSE per fold, and per-fold RMSE / MAE bars."""
-    plt = common.pyplot()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
-    for i, f in enumerate(folds):
-        epochs = [c["epoch"] for c in f["epochs"]]
-        ax1.plot(epochs, [c["test_rmse"] for c in f["epochs"]], "o-", ms=3, color="C%d" % i,
-                 label="fold %d held-out" % f["fold"])
-        ax1.plot(epochs, [c["train_rmse"] for c in f["epochs"]], "--", lw=1, color="C%d" % i,
-                 alpha=0.6, label="training (dashed)" if i == 0 else None)
-    ax1.axhline(summary["baseline_rmse_mean"], ls="--", color="gray",
-                label="baseline (this run) %.4f" % summary["baseline_rmse_mean"])
-    ax1.axhline(PUBLISHED["SVD"][0], ls=":", color="black",
-                label="Surprise SVD (published) %.3f" % PUBLISHED["SVD"][0])
-    ax1.set_xlabel("epoch")
-    ax1.xaxis.get_major_locator().set_params(integer=True)
-    ax1.set_ylabel("RMSE")
-    top = max(summary["baseline_rmse_mean"] + 0.05, summary["rmse_mean"] + 0.08)
-    ax1.set_ylim(min(c["train_rmse"] for f in folds for c in f["epochs"]) - 0.02, top)
-    ax1.set_title("RMSE per epoch (held-out fold, solid; training, dashed)")
-    ax1.grid(alpha=0.3)
-    ax1.legend(fontsize=7, ncol=2)
-    x = np.arange(len(folds) + 1)
-    names = ["fold %d" % f["fold"] for f in folds] + ["mean"]
-    width = 0.2
-    for k, (key, label, color) in enumerate([
-            ("rmse", "RMSE, model", "C0"), ("baseline_rmse", "RMSE, baseline", "C7"),
-            ("mae", "MAE, model", "C2"), ("baseline_mae", "MAE, baseline", "silver")]):
-        vals = [f[key] for f in folds] + [summary[key + "_mean"]]
-        ax2.bar(x + (k - 1.5) * width, vals, width, label=label, color=color)
-    ax2.set_xticks(x)
-    ax2.set_xticklabels(names)
-    ax2.set_ylim(0.6, 1.0)
-    ax2.set_title("Per fold (held-out)")
-    ax2.grid(alpha=0.3, axis="y")
-    ax2.legend(fontsize=8, ncol=2, loc="upper left")
-    fig.suptitle("MovieLens-100k, %d-fold CV: engine-trained embeddings (tf_tpu_emb) vs "
-                 "bias baseline" % summary["folds"])
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
+# ---------------------------------------------------------------------- export
 
 def export_saved_model(path, fold, data):
     """A stock-op SavedModel: raw (user_id, movie_id) pairs -> predicted rating.
@@ -375,30 +293,6 @@ def export_saved_model(path, fold, data):
         return {"rating": tf.clip_by_value(score, 1.0, 5.0), "score": score}
 
     return common.save_stock_op_model(path, "movielens_serving", lookup_module, serve)
-
-
-def summarize(folds):
-    out = {"folds": len(folds)}
-    for key in ("rmse", "mae", "baseline_rmse", "baseline_mae"):
-        vals = np.array([f[key] for f in folds])
-        out[key + "_mean"] = float(vals.mean())
-        out[key + "_std"] = float(vals.std())
-    return out
-
-
-def print_table(folds, summary):
-    print("\n  fold   RMSE    MAE     baseline RMSE  MAE     ratings train/test  seconds")
-    for f in folds:
-        print("  %4d   %.4f  %.4f  %.4f         %.4f  %6d / %5d      %5.1f" % (
-            f["fold"], f["rmse"], f["mae"], f["baseline_rmse"], f["baseline_mae"],
-            f["train_ratings"], f["test_ratings"], f["seconds"]))
-    s = summary
-    print("  mean   %.4f  %.4f  %.4f         %.4f" % (
-        s["rmse_mean"], s["mae_mean"], s["baseline_rmse_mean"], s["baseline_mae_mean"]))
-    print("  std    %.4f  %.4f  %.4f         %.4f" % (
-        s["rmse_std"], s["mae_std"], s["baseline_rmse_std"], s["baseline_mae_std"]))
-    print("  published (%s):" % PUBLISHED_SOURCE)
-    print("    " + ", ".join("%s %.3f / %.3f" % (k, r, m) for k, (r, m) in PUBLISHED.items()))
 
 
 # ------------------------------------------------------------------------ main
@@ -501,7 +395,7 @@ def main(argv=None):
     if args.validate:
         print("  --validate: scores are on 10% of each fold's training ratings, not its test fold")
 
-    ids = rating_ids(data)
+    ids = mld.rating_ids(data)
     parts = mld.folds(data.num_ratings, args.folds, args.seed)
     rng = np.random.default_rng([args.seed, 1])
     splits = []
@@ -527,13 +421,13 @@ def main(argv=None):
     finally:
         fold.shutdown()
 
-    summary = summarize(folds)
+    summary = report.summarize(folds)
     summary["wall_seconds"] = time.perf_counter() - wall_start
-    print_table(folds, summary)
+    report.print_table(folds, summary)
     files = {"plot": os.path.join(args.out, "cv.png"),
              "metrics": os.path.join(args.out, "metrics.json"),
              "saved_model": os.path.join(args.out, "saved_model")}
-    plot(folds, summary, files["plot"])
+    report.plot(folds, summary, files["plot"])
     config = dict(vars(args))
     common.write_json(files["metrics"], {
         "data": {"source": source, "ratings": data.num_ratings, "users": len(data.user_ids),
@@ -545,8 +439,9 @@ def main(argv=None):
         "seed": args.seed, "config": config, "summary": summary, "folds": folds,
         "baseline": "global mean + user and movie biases, ALS (reg_user 15, reg_movie 10, "
                     "10 epochs), clipped to 1..5",
-        "published": {"source": PUBLISHED_SOURCE,
-                      "results": {k: {"rmse": r, "mae": m} for k, (r, m) in PUBLISHED.items()}},
+        "published": {"source": report.PUBLISHED_SOURCE,
+                      "results": {k: {"rmse": r, "mae": m}
+                                  for k, (r, m) in report.PUBLISHED.items()}},
         "serving": serving, "files": files})
     print("wrote %s" % ", ".join(files.values()))
     print("mean over %d folds: RMSE %.4f  MAE %.4f  (baseline %.4f / %.4f)  %.0f s in all" % (

@@ -293,6 +293,37 @@ def train_test(parts, fold):
     return train, test
 
 
+def rating_ids(data):
+    """Per rating, the row of each single-id feature."""
+    ids = {"user": data.user, "movie": data.movie, "year": data.movie_year[data.movie]}
+    for f in ("occupation", "age", "gender"):
+        ids[f] = data.user_features[f][data.user]
+    return ids
+
+
+def ragged_rows(padded):
+    """(values, row_splits) of a -1 padded matrix."""
+    mask = padded >= 0
+    return padded[mask], np.concatenate([[0], np.cumsum(mask.sum(1))]).astype(np.int64)
+
+
+def rated_movies(data, train):
+    """(values, row_splits) per user row: the movies rated in `train`."""
+    users = data.user[train]
+    values = data.movie[train][np.argsort(users, kind="stable")]
+    counts = np.bincount(users, minlength=len(data.vocab["user"]))
+    return values, np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+
+def gather_rows(values, splits, rows):
+    """Rows `rows` of the ragged (values, splits): (values, row_splits)."""
+    starts = splits[rows]
+    lengths = splits[rows + 1] - starts
+    out = np.zeros(len(rows) + 1, np.int64)
+    np.cumsum(lengths, out=out[1:])
+    return values[np.arange(out[-1]) - np.repeat(out[:-1] - starts, lengths)], out
+
+
 def fit_baseline(user, movie, rating, num_users, num_movies, reg_user=15.0, reg_movie=10.0,
                  epochs=10):
     """Global mean + regularised user and movie biases by alternating least squares.
