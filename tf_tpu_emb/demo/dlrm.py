@@ -35,7 +35,6 @@ this library's CPU engine, then served from a stock-op SavedModel.
     python -m tf_tpu_emb.demo               # default run (a few minutes on 2 cores)
     python -m tf_tpu_emb.demo --quick       # tiny smoke run
 """
-import argparse
 import collections
 import math
 import os
@@ -297,11 +296,8 @@ def score_in_fresh_process(saved_model, dense, ids, labels, planted, inprocess, 
 # ------------------------------------------------------------------------ main
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(
-        prog="python -m tf_tpu_emb.demo", description=__doc__.split("\n\n")[0],
-        epilog="Defaults without --quick: %s; with --quick: %s." % (
-            ", ".join("%s %s" % (k, v) for k, v in DEFAULTS.items()),
-            ", ".join("%s %s" % (k, v) for k, v in QUICK.items())))
+    p = common.job_parser("python -m tf_tpu_emb.demo", __doc__.split("\n\n")[0], DEFAULTS,
+                          QUICK)
     p.add_argument("--data", choices=("synthetic", "movielens-100k"), default="synthetic",
                    help="synthetic: this job, on a generated click log (default); "
                    "movielens-100k: the rating job on real data (`--data movielens-100k "
@@ -322,15 +318,8 @@ def parse_args(argv=None):
     p.add_argument("--dense-lr", type=float, default=2e-3,
                    help="Adam learning rate of the MLPs (default 0.002)")
     p.add_argument("--seed", type=int, default=0, help="data and model seed (default 0)")
-    p.add_argument("--out", default=os.path.join("out", "demo"),
-                   help="output folder (default out/demo)")
-    p.add_argument("--quick", action="store_true",
-                   help="tiny run (small tables, few steps) for smoke tests")
-    args = p.parse_args(argv)
-    base = QUICK if args.quick else DEFAULTS
-    for k, v in base.items():
-        if getattr(args, k) is None:
-            setattr(args, k, v)
+    args = common.parse_job_args(p, argv, DEFAULTS, QUICK, os.path.join("out", "demo"),
+                                 "tiny run (small tables, few steps) for smoke tests")
     if min(args.steps, args.batch_size, args.dim, args.max_vocab, args.eval_every,
            args.eval_examples) < 1:
         p.error("--steps, --batch-size, --dim, --max-vocab, --eval-every and "

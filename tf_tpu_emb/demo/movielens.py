@@ -33,7 +33,6 @@ RMSE and MAE of the held-out fold, next to a baseline fitted in the same run
     python -m tf_tpu_emb.demo --data movielens-100k           # the full 5-fold run
     python -m tf_tpu_emb.demo --data movielens-100k --quick   # one fold, one epoch, a slice
 """
-import argparse
 import math
 import os
 import sys
@@ -299,13 +298,10 @@ def export_saved_model(path, fold, data):
 
 def parse_args(argv=None):
     doc = __doc__.split("\n\n")[0].split(": ", 1)[1]
-    p = argparse.ArgumentParser(
-        prog="python -m tf_tpu_emb.demo --data movielens-100k", description=doc,
-        epilog="Defaults without --quick: %s; with --quick: %s." % (
-            ", ".join("%s %s" % (k, v) for k, v in DEFAULTS.items()),
-            ", ".join("%s %s" % (k, v) for k, v in QUICK.items())))
+    p = common.job_parser("python -m tf_tpu_emb.demo --data movielens-100k", doc, DEFAULTS,
+                          QUICK)
     p.add_argument("--data", choices=("movielens-100k",), default="movielens-100k",
-                   help=argparse.SUPPRESS)
+                   help="movielens-100k: this job")
     p.add_argument("--data-path", help="the RecBole 1.2.1 wheel, a folder holding it, or a "
                    "folder with ml-100k.inter/.user/.item (default: the cache, filled by pip "
                    "download on first use)")
@@ -337,15 +333,8 @@ def parse_args(argv=None):
                    help="for tuning: evaluate on 10%% of each fold's training ratings (held "
                    "out from training) instead of the test fold")
     p.add_argument("--verbose", action="store_true", help="print a line per epoch")
-    p.add_argument("--out", default=os.path.join("out", "movielens"),
-                   help="output folder (default out/movielens)")
-    p.add_argument("--quick", action="store_true",
-                   help="one fold, one epoch, a 4,000-rating slice (smoke test)")
-    args = p.parse_args(argv)
-    base = QUICK if args.quick else DEFAULTS
-    for k, v in base.items():
-        if getattr(args, k) is None:
-            setattr(args, k, v)
+    args = common.parse_job_args(p, argv, DEFAULTS, QUICK, os.path.join("out", "movielens"),
+                                 "one fold, one epoch, a 4,000-rating slice (smoke test)")
     args.features = [f for f in FEATURES if not (args.no_history and f == "rated")]
     if args.run_folds is None:
         args.run_folds = args.folds
