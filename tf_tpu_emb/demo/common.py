@@ -85,6 +85,13 @@ def require_matplotlib(target):
                          "(`make %s` installs it)." % target)
 
 
+def prepare_run(args, target):
+    """Before training: matplotlib present, the output folder made, seeds set."""
+    require_matplotlib(target)
+    os.makedirs(args.out, exist_ok=True)
+    tf.keras.utils.set_random_seed(args.seed)
+
+
 def pyplot():
     """matplotlib.pyplot on the non-interactive Agg backend."""
     import matplotlib

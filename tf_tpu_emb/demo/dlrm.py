@@ -332,9 +332,7 @@ def parse_args(argv=None):
 def main(argv=None):
     wall_start = time.perf_counter()
     args = parse_args(argv)
-    common.require_matplotlib("demo")
-    os.makedirs(args.out, exist_ok=True)
-    tf.keras.utils.set_random_seed(args.seed)
+    common.prepare_run(args, "demo")
     vocab = [min(v, args.max_vocab) for v in CRITEO_VOCAB]
     rows = sum(vocab)
     print("DLRM-style CTR demo on tf_tpu_emb %s (TensorFlow %s, CPU engine)"

@@ -365,9 +365,7 @@ def load_data(args):
 def main(argv=None):
     wall_start = time.perf_counter()
     args = parse_args(argv)
-    common.require_matplotlib("movielens")
-    os.makedirs(args.out, exist_ok=True)
-    tf.keras.utils.set_random_seed(args.seed)
+    common.prepare_run(args, "movielens")
     data, source = load_data(args)
     print("MovieLens-100k rating model on tf_tpu_emb %s (TensorFlow %s, CPU engine)"
           % (tf_tpu_emb.__version__, tf.__version__))
