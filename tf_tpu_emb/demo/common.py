@@ -6,7 +6,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -107,15 +106,10 @@ def write_json(path, obj):
 
 
 def serving_lookup(embedding, input_signature):
-    """The in-process module of ``tf_tpu_emb.export_serving`` (the trained tables
-    copied into variables, ``lookup`` = TF's CPU serving lookup) for a model to
-    build on; its own export goes to a temporary folder that is removed."""
-    tmp = tempfile.mkdtemp(prefix="tf_tpu_emb_demo_")
-    try:
-        return tf_tpu_emb.export_serving(os.path.join(tmp, "lookup"), embedding,
-                                         input_signature)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    """The in-process stock-op module of ``tf_tpu_emb.serving.serving_module``
+    (the trained tables copied into variables, ``lookup`` = TF's CPU serving
+    lookup) for a model to build on; nothing is written."""
+    return tf_tpu_emb.serving.serving_module(embedding, input_signature)
 
 
 def save_stock_op_model(path, name, lookup_module, serve, **functions):
