@@ -155,7 +155,6 @@ class _State:
         self.counter = None          # tf.Variable: training steps sent
         self.synced_at = None        # counter value when the mirrors were current
         self.syncing = False
-        self.sinks = {}              # (replica, table id) -> scratch variable
         self.stock = 0               # > 0: stock-op lookup (serving export)
 
 
@@ -434,36 +433,6 @@ class TPUEmbeddingLayer(keras.layers.Layer):
 
     # ------------------------------------------------------------------ call
 
-    def _dummy_handles(self):
-        """The dummy variables' values, each behind a gradient barrier.
-
-        ``hook_step`` gives the dummy variables a zero gradient that carries the
-        step's Send as a control dependency.  Grappler folds that zero into a
-        constant; in nested tf.functions (Keras' fit: the step function is
-        inlined into the iterator loop) its dependency optimizer then drops the
-        Send's control-return edge as implied by the constant's path, and the
-        arithmetic/constant folding of e.g. Adam's ``g - m``, ``square(g)``
-        removes that path too: the Send is pruned and the tables silently never
-        train.  The barrier passes the gradient through a (per replica) scratch
-        variable -- assign, then read -- which grappler cannot fold, so the Send
-        always stays an ancestor of the optimizer's update ops.
-        """
-        st = self._state
-        replica = 0
-        ctx = tf.distribute.get_replica_context()
-        if ctx is not None and tf.distribute.has_strategy():
-            replica = tf.get_static_value(ctx.replica_id_in_sync_group) or 0
-        handles = []
-        for tid, dummy in enumerate(st.dummies):
-            key = (int(replica), tid)
-            if key not in st.sinks:
-                with tf.init_scope(), tf.device("/CPU:0"):
-                    st.sinks[key] = resource_variable_ops.ResourceVariable(
-                        tf.zeros([1], tf.float32), trainable=False,
-                        name="tpu_embedding_gradient_sink")
-            handles.append(gradients_lib.gradient_barrier(tf.convert_to_tensor(dummy), st.sinks[key]))
-        return handles
-
     def _learning_rates_fn(self):
         """The dynamic learning rates for hook_step, also counting the step.
 
@@ -522,7 +491,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
         with tf.control_dependencies(deps):
             outputs = nest.flatten(emb.dequeue())
         if train:
-            hooked = gradients_lib.hook_step(self._dummy_handles(), st.layout, outputs,
+            hooked = gradients_lib.hook_step(st.dummies, st.layout, outputs,
                                              self._learning_rates_fn())
             outputs = list(hooked.values())
         if actual is not None:
