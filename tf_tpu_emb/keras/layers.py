@@ -37,9 +37,9 @@ features and dequeues their activations (one step of the engine):
   equals a 1-replica step on the global batch).  Keras 3.15's ``fit`` under a
   strategy cannot take ``SparseTensor``/``RaggedTensor`` inputs by itself (its
   symbolic build averages the first batch across replicas and fails before
-  any layer runs): pass the model through
-  :func:`tf_tpu_emb.keras.fix_distributed_fit` once, or feed bags as dense
-  padded ids (see below).  Outside ``strategy.run`` (a direct ``model(x)``
+  any layer runs): the layer's constructor installs
+  :func:`tf_tpu_emb.keras.fix_distributed_fit` for every model that contains
+  a tf_tpu_emb layer (``v0_layers.install_distributed_fit_fix``).  Outside ``strategy.run`` (a direct ``model(x)``
   under a multi-replica strategy) there is no engine queue to feed: inference
   calls there look up the layer's (engine-refreshed) weights with stock ops,
   training calls raise.
@@ -105,6 +105,7 @@ from tf_tpu_emb import optimizers as optimizers_lib
 from tf_tpu_emb.keras import config as config_lib
 from tf_tpu_emb.keras import inputs as inputs_lib
 from tf_tpu_emb.keras import mirrors as mirrors_lib
+from tf_tpu_emb.keras import v0_layers
 
 try:  # Keras-internal: Keras' symbolic traces.
     from keras.src.backend.common.symbolic_scope import in_symbolic_scope
@@ -182,9 +183,12 @@ class TPUEmbeddingLayer(keras.layers.Layer):
     for training, inference, weights, distribution and the engine's lifetime.
     """
 
+    _tf_tpu_emb_layer = True  # models containing it get the distributed-fit fix
+
     def __init__(self, feature_config, optimizer=None,
                  pipeline_execution_with_tensor_core=False, batch_size=None, **kwargs):
         super().__init__(**kwargs)
+        v0_layers.install_distributed_fit_fix()
         if isinstance(feature_config, dict) and config_lib.FORMAT_KEY in feature_config:
             feature_config, saved_optimizer = config_lib.deserialize_feature_config(
                 feature_config)
