@@ -40,15 +40,7 @@ TF_V2_SOURCE = inspect.getsource(tpu_embedding_v2)
 TF_V1_SOURCE = inspect.getsource(tpu_embedding_v1)
 
 
-@pytest.fixture(autouse=True)
-def release_engine():
-    """No test may leave the process's single engine configured."""
-    tf_tpu_emb.load_library()
-    tte_ops.shutdown_tpu_embedding()
-    try:
-        yield
-    finally:
-        tte_ops.shutdown_tpu_embedding()
+pytestmark = pytest.mark.usefixtures("engine_released")
 
 
 def arange_init(shape, dtype=tf.float32):
@@ -103,6 +95,14 @@ def assert_tf_message(message, patterns=None):
     assert any(p.fullmatch(message) for p in patterns), message
 
 
+def assert_same_signature(ours, theirs):
+    """Same parameter names, order and defaults as TF's method."""
+    ours, theirs = inspect.signature(ours), inspect.signature(theirs)
+    assert list(ours.parameters) == list(theirs.parameters)
+    assert [p.default for p in ours.parameters.values()] == \
+        [p.default for p in theirs.parameters.values()]
+
+
 # ================================================================ __init__
 
 class TestInit:
@@ -136,11 +136,7 @@ class TestInit:
         assert ours_cfg[0].table.optimizer is opt
 
     def test_positional_and_keyword_forms(self):
-        sig = inspect.signature(tf_tpu_emb.TPUEmbedding.__init__)
-        theirs = inspect.signature(E.TPUEmbedding.__init__)
-        assert list(sig.parameters) == list(theirs.parameters)
-        assert [p.default for p in sig.parameters.values()] == \
-            [p.default for p in theirs.parameters.values()]
+        assert_same_signature(tf_tpu_emb.TPUEmbedding.__init__, E.TPUEmbedding.__init__)
         emb = tf_tpu_emb.TPUEmbedding(tuple_config(), E.SGD(0.1), True)
         emb.build(2)
         from tensorflow.core.protobuf.tpu import tpu_embedding_configuration_pb2 as pb
@@ -272,11 +268,7 @@ class TestBuild:
 class TestEnqueue:
 
     def test_signature_and_defaults(self):
-        ours = inspect.signature(tf_tpu_emb.TPUEmbedding.enqueue)
-        theirs = inspect.signature(E.TPUEmbedding.enqueue)
-        assert list(ours.parameters) == list(theirs.parameters)
-        assert [p.default for p in ours.parameters.values()] == \
-            [p.default for p in theirs.parameters.values()]
+        assert_same_signature(tf_tpu_emb.TPUEmbedding.enqueue, E.TPUEmbedding.enqueue)
 
     def test_positional_weights_training_name(self):
         """``enqueue(features, weights, training, name)`` positionally; weights
@@ -348,11 +340,8 @@ class TestDequeueAndApplyGradients:
 
     def test_signatures(self):
         for method in ["dequeue", "apply_gradients", "build"]:
-            ours = inspect.signature(getattr(tf_tpu_emb.TPUEmbedding, method))
-            theirs = inspect.signature(getattr(E.TPUEmbedding, method))
-            assert list(ours.parameters) == list(theirs.parameters), method
-            assert [p.default for p in ours.parameters.values()] == \
-                [p.default for p in theirs.parameters.values()], method
+            assert_same_signature(getattr(tf_tpu_emb.TPUEmbedding, method),
+                                  getattr(E.TPUEmbedding, method))
 
     def test_texts_are_tfs(self):
         """The unbuilt / gradient errors are TF's texts (TF's class raises them
@@ -553,9 +542,8 @@ class TestV0:
         emb.build()
         assert emb.embedding_tables[table] is first
         for method in ["__call__", "build", "embedding_lookup"]:
-            ours = inspect.signature(getattr(tf_tpu_emb.TPUEmbeddingV0, method))
-            theirs = inspect.signature(getattr(tpu_embedding_v1.TPUEmbeddingV0, method))
-            assert list(ours.parameters) == list(theirs.parameters), method
+            assert_same_signature(getattr(tf_tpu_emb.TPUEmbeddingV0, method),
+                                  getattr(tpu_embedding_v1.TPUEmbeddingV0, method))
 
     def test_v0_error_texts_are_tfs(self):
         table = E.TableConfig(8, 2, name="t")

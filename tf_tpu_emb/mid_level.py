@@ -31,7 +31,6 @@ a TPU it drives this library's CPU engine:
   ``TPUEmbeddingForServing``.
 """
 import collections.abc
-import contextlib
 import copy
 import logging
 import weakref
@@ -428,7 +427,15 @@ class TPUEmbedding(autotrackable.AutoTrackable):
 
         In ``strategy.run`` the replica's own id picks the engine queue;
         outside it, per-replica (distributed) inputs are enqueued to every
-        replica, and plain inputs need a single-replica strategy.
+        replica, ``device`` names the one replica plain inputs go to (TF maps
+        a TPU device to its core; here a replica's CPU device, or ``/TPU:k``
+        for replica k), and plain inputs without ``device`` need a
+        single-replica strategy.  ``training`` is a Python or tensor bool
+        (False: an inference batch, which no ``apply_gradients`` may follow).
+        ``name`` names the op; on TPU it tags the enqueue for the TPU
+        compiler instead.  TPU-only in TF, and not done here: the check that
+        inputs are not on a TPU device, and the outside-compilation rewrite of
+        an enqueue inside a TPU replica function.
         """
         nest.assert_same_structure(self._feature_config, features)
         flat_weights = [None] * len(self._flat_features)
