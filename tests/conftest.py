@@ -14,3 +14,16 @@ def lib():
     import tf_tpu_emb
 
     return tf_tpu_emb.load_library()
+
+
+@pytest.fixture
+def engine_released(lib):
+    """The process's single engine is shut down before and after the test."""
+    from tf_tpu_emb import ops
+
+    del lib
+    ops.shutdown_tpu_embedding()
+    try:
+        yield
+    finally:
+        ops.shutdown_tpu_embedding()

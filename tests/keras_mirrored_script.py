@@ -8,8 +8,8 @@ unmodified ``model.fit``
 1. with the default strategy (1 replica, global batch 8), then
 2. built and fit inside ``MirroredStrategy(["/cpu:0", "/cpu:1"]).scope()``
    (2 replicas x 4),
-3. the same with the bags as SparseTensors (the model passed through
-   ``fix_distributed_fit``),
+3. the same with the bags as SparseTensors (no ``fix_distributed_fit``
+   call: the layer applies it),
 
 on the same data; the tables (engine SGD over the global batch, once per step)
 and the Dense weights must agree, and so must predict/evaluate (with a
@@ -29,7 +29,7 @@ tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfigur
 
 import keras  # noqa: E402
 
-from tf_tpu_emb.keras import TPUEmbeddingLayer, engine_owner, fix_distributed_fit  # noqa: E402
+from tf_tpu_emb.keras import TPUEmbeddingLayer, engine_owner  # noqa: E402
 
 E = tf.tpu.experimental.embedding
 GLOBAL_BATCH = 8
@@ -137,10 +137,9 @@ def main():
         raise AssertionError("a cross-replica training call did not raise")
     layer2.release()
 
-    # SparseTensor inputs: Keras' fit needs fix_distributed_fit under a strategy.
+    # SparseTensor inputs: the layer applies fix_distributed_fit by itself.
     with strategy.scope():
         model3, layer3 = make(sparse=True)
-    fix_distributed_fit(model3)
     compare(run(model3, layer3, sparse_dataset), ref, "mirrored sparse")
     layer3.release()
     print("OK")

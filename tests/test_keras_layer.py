@@ -173,7 +173,7 @@ def test_fit_trains_tables_with_the_engine_optimizer():
 
 def test_keras_adam_with_zero_dummy_gradients_and_engine_adagrad():
     # Keras' Adam folds the dummy variables' zero gradient (see
-    # TPUEmbeddingLayer._dummy_handles); the Send must survive that, also in the
+    # gradients.hook_step); the Send must survive that, also in the
     # while loop of steps_per_execution > 1.
     model, layer = make_model(optimizer=E.Adagrad(0.2, initial_accumulator_value=0.5))
     model.compile(optimizer=keras.optimizers.AdamW(0.01, weight_decay=0.1), loss="mse",

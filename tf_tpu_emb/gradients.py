@@ -76,10 +76,13 @@ it answers (``hook_step``) or on ``control_inputs`` (``send_gradients_op``);
 see :mod:`tf_tpu_emb.send`.
 """
 import collections
+import inspect
 import warnings
+import weakref
 
 import tensorflow as tf
 from tensorflow.python.framework import ops as _tf_ops
+from tensorflow.python.ops import resource_variable_ops as _resource_variable_ops
 
 from tf_tpu_emb import ops as _ops
 from tf_tpu_emb import send as _send
@@ -147,6 +150,7 @@ def _collection_protocol_gradient(op, grad):
 
 
 _COLLECTOR_ATTR = "_tf_tpu_emb_step_collector"
+_SINKS_ATTR = "_tf_tpu_emb_gradient_sinks"
 
 
 @_tf_ops.RegisterGradient(_ops.TPU_EMBEDDING_ACTIVATIONS)
@@ -302,6 +306,12 @@ class _StepCollector:
     def __init__(self, layout, activations, learning_rate_fn, recv_outputs):
         self.layout = layout
         self.activations = activations
+        # Graph-mode custom gradients stay in TF's global gradient registry
+        # for the life of the process, and with them this collector: it must
+        # not keep user objects alive.  A bound method is held weakly; any
+        # other callable until the Send is built (then everything is dropped).
+        if inspect.ismethod(learning_rate_fn):
+            learning_rate_fn = _WeakCallable(learning_rate_fn)
         self.learning_rate_fn = learning_rate_fn
         self.recv_outputs = recv_outputs
         self.device = _device_of(recv_outputs[0]) if recv_outputs else ""
@@ -334,19 +344,65 @@ class _StepCollector:
         if self.sent:
             raise RuntimeError("SendTPUEmbeddingGradients was already built for this step")
         self.sent = True
-        rates = _send.learning_rates_for(
-            self.layout, self.learning_rate_fn() if self.learning_rate_fn is not None else [])
-        gradients = []
-        for f, activation in zip(self.layout.features, self.activations):
-            g = self.gradients.get((f.table_id, f.lookup_id))
-            if g is None:
-                _send.warn_missing_gradient(f.name, stacklevel=3)
-                g = tf.zeros_like(activation, dtype=tf.float32)
-            gradients.append(_send.as_gradient(f, g))
-        # The Send must run on the Recv's device (that picks the replica),
-        # whatever device scope the gradient is computed under.
-        return _send.build_send(self.layout, gradients, rates, device=self.device,
-                                control_inputs=self.recv_outputs)
+        try:
+            rates = _send.learning_rates_for(
+                self.layout, self.learning_rate_fn() if self.learning_rate_fn is not None else [])
+            gradients = []
+            for f, activation in zip(self.layout.features, self.activations):
+                g = self.gradients.get((f.table_id, f.lookup_id))
+                if g is None:
+                    _send.warn_missing_gradient(f.name, stacklevel=3)
+                    g = tf.zeros_like(activation, dtype=tf.float32)
+                gradients.append(_send.as_gradient(f, g))
+            # The Send must run on the Recv's device (that picks the replica),
+            # whatever device scope the gradient is computed under.
+            return _send.build_send(self.layout, gradients, rates, device=self.device,
+                                    control_inputs=self.recv_outputs)
+        finally:
+            # The step is over for this collector: drop what the user handed in.
+            self.learning_rate_fn = None
+            self.activations = self.recv_outputs = ()
+            self.gradients = dict.fromkeys(self.gradients)  # keys still catch duplicates
+
+
+class _WeakCallable:
+    """A bound method held without keeping its object alive."""
+
+    def __init__(self, method):
+        self._method = weakref.WeakMethod(method)
+
+    def __call__(self):
+        method = self._method()
+        if method is None:
+            raise RuntimeError("hook_step's learning_rate_fn is a method of an object that "
+                               "has been garbage collected")
+        return method()
+
+
+def _sinks_for(variables):
+    """Per dummy variable, the ``[1]`` scratch variable its gradient passes
+    through in this replica (see :func:`gradient_barrier`), created on first
+    use and kept on the variable itself; None for a dummy that is a tensor."""
+    replica = 0
+    ctx = tf.distribute.get_replica_context()
+    if ctx is not None and tf.distribute.has_strategy():
+        replica = tf.get_static_value(ctx.replica_id_in_sync_group) or 0
+    sinks = []
+    for var in variables:
+        if isinstance(var, tf.Tensor) or not hasattr(var, "assign"):
+            sinks.append(None)
+            continue
+        per_replica = getattr(var, _SINKS_ATTR, None)
+        if per_replica is None:
+            per_replica = {}
+            setattr(var, _SINKS_ATTR, per_replica)
+        if int(replica) not in per_replica:
+            with tf.init_scope(), tf.device("/CPU:0"):
+                per_replica[int(replica)] = _resource_variable_ops.ResourceVariable(
+                    tf.zeros([1], tf.float32), trainable=False,
+                    name="tpu_embedding_gradient_sink")
+        sinks.append(per_replica[int(replica)])
+    return sinks
 
 
 def hook_step(dummy_vars, layout, recv_outputs, learning_rate_fn=None):
@@ -371,13 +427,18 @@ def hook_step(dummy_vars, layout, recv_outputs, learning_rate_fn=None):
     Send as a control dependency.  If the loss depends on no activation at all,
     nothing is sent.
 
-    Known hazard: in NESTED ``tf.function``s (Keras ``fit`` inlines its step
-    into the iterator loop) grappler may fold that zero gradient into a
-    constant, then drop the Send as an implied control dependency, so the
-    tables silently stop training.  ``tf_tpu_emb.keras.TPUEmbeddingLayer``
-    routes the dummy gradient through a scratch variable (assign, then read),
-    which grappler cannot fold; do the same when calling ``hook_step`` from
-    nested functions.
+    In NESTED ``tf.function``s (Keras ``fit`` inlines its step into the
+    iterator loop) grappler would fold that zero gradient into a constant and
+    then drop the Send as an implied control dependency (the tables silently
+    stop training).  So each dummy *variable*'s gradient passes through
+    :func:`gradient_barrier` with a per-replica scratch variable (created on
+    first use, kept on the dummy variable), which grappler cannot fold.  A
+    dummy passed as a tensor gets no barrier: pass the variables.
+
+    After the step's Send is built, the step's bookkeeping drops
+    ``learning_rate_fn`` and the step's tensors (TF keeps graph-mode custom
+    gradients for the life of the process); a bound method is held weakly
+    from the start, so ``hook_step`` keeps no user object alive.
     """
     variables = _by_table(layout, dummy_vars)
     if learning_rate_fn is None and layout.num_dynamic_inputs:
@@ -391,7 +452,9 @@ def hook_step(dummy_vars, layout, recv_outputs, learning_rate_fn=None):
                                recv_outputs)
     # Read the variables outside F: a custom_gradient function that reads
     # variables itself must return variable gradients separately.
-    values = [tf.convert_to_tensor(v) for v in variables]
+    values = [tf.convert_to_tensor(v) if sink is None
+              else gradient_barrier(tf.convert_to_tensor(v), sink)
+              for v, sink in zip(variables, _sinks_for(variables))]
     table_of = [f.table_id for f in layout.features]
 
     @tf.custom_gradient

@@ -30,7 +30,7 @@ a TPU it drives this library's CPU engine:
   therefore move between this class, TF's ``TPUEmbedding`` and
   ``TPUEmbeddingForServing``.
 """
-import contextlib
+import collections.abc
 import copy
 import logging
 import weakref
@@ -81,6 +81,22 @@ def _plain_variable(initial_value, name, trainable):
         return _HostVariable(initial_value=initial_value, name=name, trainable=trainable)
 
 
+def _flatten_shapes(shapes):
+    """``build``'s per-replica input shapes, flattened (TF compares flattened
+    structures), each shape -- a ``TensorShape`` or a list/tuple of ints and
+    None -- one leaf."""
+    def to_shapes(x):
+        if isinstance(x, tf.TensorShape) or (
+                isinstance(x, (list, tuple)) and all(d is None or isinstance(d, int) for d in x)):
+            return tf.TensorShape(x)
+        if isinstance(x, collections.abc.Mapping):
+            return {k: to_shapes(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [to_shapes(v) for v in x]
+        return x
+    return nest.flatten(to_shapes(shapes))
+
+
 class TPUEmbedding(autotrackable.AutoTrackable):
     """TF's ``tf.tpu.experimental.embedding.TPUEmbedding`` on CPU (see module doc).
 
@@ -129,7 +145,7 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         for i, table in enumerate(self._table_config):
             if table.optimizer is None:
                 table.optimizer = optimizer
-            if not isinstance(table.optimizer, tpu_embedding_v2_utils._Optimizer):  # pylint: disable=protected-access
+            if table.optimizer is not None and not isinstance(table.optimizer, tpu_embedding_v2_utils._Optimizer):  # pylint: disable=protected-access
                 raise ValueError("{} is an unsupported optimizer class. Please pass an "
                                  "instance of one of the optimizer classes under "
                                  "tf.tpu.experimental.embedding or tf_tpu_emb."
@@ -144,7 +160,7 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         # first appearance, deduplicated by identity, as in TF.
         self._dynamic_inputs = []
         for table in self._table_config:
-            for fn in optimizers_lib.dynamic_input_fns(table.optimizer):
+            for fn in optimizers_lib.dynamic_input_fns(self._optimizer_of(table)):
                 if not any(fn is known for known in self._dynamic_inputs):
                     self._dynamic_inputs.append(fn)
         self._output_shapes = [tf.TensorShape(f.output_shape) for f in self._flat_features]
@@ -171,9 +187,16 @@ class TPUEmbedding(autotrackable.AutoTrackable):
 
     @property
     def embedding_tables(self):
-        """``{TableConfig: parameters variable}``, retrieved from the engine."""
-        self._require_built("embedding_tables")
-        self._retrieve_variables()
+        """``{TableConfig: parameters variable}``, retrieved from the engine.
+
+        As TF's class off TPU, this works before ``build`` too: it creates the
+        host variables (initialised, or restored from a checkpoint restored
+        before) without configuring the engine; a later ``build`` loads them.
+        (TF's own class refuses this under ``TPUStrategy``.)"""
+        if self._built:
+            self._retrieve_variables()
+        else:
+            self._ensure_variables()
         return {t: self._variables[t.name]["parameters"] for t in self._table_config}
 
     # ------------------------------------------------------------------ build
@@ -182,23 +205,47 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         """Fixes the output shapes, configures the engine and creates and loads
         the tables (see ``tf.tpu.experimental.embedding.TPUEmbedding.build``).
 
-        Output shapes come from ``FeatureConfig.output_shape`` first, then from
-        ``per_replica_input_shapes`` (same structure as the feature config) or
-        ``per_replica_batch_size``; ``enqueue`` builds from its inputs when
-        nothing was given.
+        The argument forms are TF's:
+
+        * ``build(per_replica_input_shapes=...)``: input shapes (``TensorShape``
+          or lists) in the feature config's structure, or any structure with
+          the same *flattened* length (a flat list for a nested config);
+        * ``build(64)`` / ``build(per_replica_batch_size=64)``: an ``int``,
+          passed either way, is the per-replica batch size (TensorFlow
+          Recommenders' embedding layer calls ``build(batch_size)``);
+        * ``build()``: shapes from ``FeatureConfig.output_shape`` only
+          (``enqueue`` builds from its inputs when nothing was given).
+
+        Shapes already set (``FeatureConfig.output_shape``) win; incoming ones
+        that contradict them raise TF's ``ValueError`` ("Inconsistent shape
+        founded for input feature ...").  Unlike TF, which ignores
+        ``per_replica_batch_size`` when both are given, passing both is a
+        ``ValueError``.  On TPU this call also initialises the TPU system for
+        embeddings; here it configures this process's CPU engine, and if
+        anything fails after that the engine is released again, so a fresh
+        object can be built.
         """
         if self._built:
             return
         if per_replica_input_shapes is not None and per_replica_batch_size is not None:
             raise ValueError("Only one of per_replica_input_shapes and "
                              "per_replica_batch_size can be specified.")
+        if isinstance(per_replica_input_shapes, int) and not isinstance(
+                per_replica_input_shapes, bool):
+            _logger.warning("Passing batch size to per_replica_input_shapes argument will be "
+                            "deprecated, please specify all the input shapes using "
+                            "per_replica_input_shapes argument.")
+            per_replica_input_shapes, per_replica_batch_size = None, per_replica_input_shapes
+        incoming = None
         if per_replica_input_shapes is not None:
-            nest.assert_same_structure(self._feature_config, per_replica_input_shapes)
-            shapes = self._output_shapes_from_input_shapes(
-                [tf.TensorShape(s) for s in nest.flatten(per_replica_input_shapes)])
-            self._update_output_shapes(shapes)
+            flat_shapes = _flatten_shapes(per_replica_input_shapes)
+            nest.assert_same_structure(flat_shapes, self._flat_features)
+            incoming = self._output_shapes_from_input_shapes(flat_shapes)
         elif per_replica_batch_size is not None:
-            self._update_output_shapes(self._output_shapes_from_batch_size(per_replica_batch_size))
+            incoming = self._output_shapes_from_batch_size(per_replica_batch_size)
+        if incoming is not None:
+            self._check_output_shapes(incoming)
+            self._update_output_shapes(incoming)
         for path, shape in zip(self._paths, self._output_shapes):
             if shape.rank is None or not shape.is_fully_defined():
                 raise ValueError(
@@ -215,16 +262,23 @@ class TPUEmbedding(autotrackable.AutoTrackable):
             self._config = self._create_config_proto().SerializeToString()
             ops.configure_tpu_embedding(self._config)
             engine_registry.claim(self)
-            self._layout = layout_lib.Layout.for_features(
-                self._config, [t.name for t in self._table_config],
-                [t.dim for t in self._table_config],
-                [(path, self._table_config.index(f.table), shape.as_list())
-                 for path, f, shape in zip(self._paths, self._flat_features,
-                                           self._output_shapes)],
-                len(self._dynamic_inputs))
-            self._variables = self._create_variables_and_slots()
-            self._built = True
-            self._load_variables()
+            try:
+                self._layout = layout_lib.Layout.for_features(
+                    self._config, [t.name for t in self._table_config],
+                    [t.dim for t in self._table_config],
+                    [(path, self._table_config.index(f.table), shape.as_list())
+                     for path, f, shape in zip(self._paths, self._flat_features,
+                                               self._output_shapes)],
+                    len(self._dynamic_inputs))
+                self._ensure_variables()
+                self._built = True
+                self._load_variables()
+            except BaseException:
+                # Leave nothing configured behind: a fresh object (or this one,
+                # retried) must be able to build.
+                self._built = False
+                engine_registry.release(self)
+                raise
 
     def _output_shapes_from_input_shapes(self, input_shapes):
         out = []
@@ -240,6 +294,19 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                 if not f.output_shape and f.max_sequence_length > 0
                 else tf.TensorShape([batch_size]) for f in self._flat_features]
 
+    def _check_output_shapes(self, incoming):
+        """TF's check of incoming output shapes against those already set."""
+        for path, old, new in zip(self._paths, self._output_shapes, incoming):
+            if not old.rank or not new.rank:
+                continue
+            if new.rank in (1, 2) and old.rank > new.rank:
+                continue  # ragged / sequence shapes are checked by the engine
+            if old.rank != new.rank or any(a and b and a != b
+                                           for a, b in zip(old.as_list(), new.as_list())):
+                raise ValueError(
+                    f"Inconsistent shape founded for input feature {path}, Output shape is "
+                    f"set to be {old}, But got incoming output shape {new}")
+
     def _update_output_shapes(self, incoming):
         # Shapes already set (FeatureConfig.output_shape, build) win.
         self._output_shapes = [old if old.rank else new
@@ -249,7 +316,8 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         config = config_pb2.TPUEmbeddingConfiguration()
         for table in self._table_config:
             optimizers_lib.table_descriptor_for(
-                table, learning_rate_index=self._dynamic_inputs,
+                table, optimizer=self._optimizer_of(table),
+                learning_rate_index=self._dynamic_inputs,
                 table_descriptor=config.table_descriptor.add())
         for feature, shape in zip(self._flat_features, self._output_shapes):
             descriptor = config.feature_descriptor.add(
@@ -265,6 +333,13 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         return config
 
     # -------------------------------------------------------------- variables
+
+    def _ensure_variables(self):
+        """Creates the host variables once (``embedding_tables`` may have
+        created them before ``build``)."""
+        if not self._variables:
+            with tf.init_scope():
+                self._variables = self._create_variables_and_slots()
 
     def _create_variables_and_slots(self):
         """Host variables named as TF names them, created through
@@ -284,7 +359,7 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                     getter=getter, trainable=trainable)
 
             parameters = creator(table.name, table.initializer, trainable=False)
-            slots = table.optimizer._create_slots(  # pylint: disable=protected-access
+            slots = self._optimizer_of(table)._create_slots(  # pylint: disable=protected-access
                 parameters, lambda name, init, t=table: creator(t.name + "/" + name, init, False))
             slots["parameters"] = parameters
             variables[table.name] = slots
@@ -296,9 +371,18 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         return variables
 
     @staticmethod
-    def _table_ops(table):
+    def _optimizer_of(table):
+        """The table's optimizer; for ``optimizer=None`` (TF's serving-only
+        form: no slot variables) the engine runs the table with a
+        learning-rate-0 SGD, which has no slots, and ``apply_gradients`` is
+        refused."""
+        if table.optimizer is None:
+            return tpu_embedding_v2_utils.SGD(learning_rate=0.0)
+        return table.optimizer
+
+    def _table_ops(self, table):
         """The typed Load/Retrieve handles of the table's optimizer."""
-        return ops.table_ops(optimizers_lib.info_of(table.optimizer).proto_field)
+        return ops.table_ops(optimizers_lib.info_of(self._optimizer_of(table)).proto_field)
 
     @property
     def layout(self):
@@ -343,7 +427,15 @@ class TPUEmbedding(autotrackable.AutoTrackable):
 
         In ``strategy.run`` the replica's own id picks the engine queue;
         outside it, per-replica (distributed) inputs are enqueued to every
-        replica, and plain inputs need a single-replica strategy.
+        replica, ``device`` names the one replica plain inputs go to (TF maps
+        a TPU device to its core; here a replica's CPU device, or ``/TPU:k``
+        for replica k), and plain inputs without ``device`` need a
+        single-replica strategy.  ``training`` is a Python or tensor bool
+        (False: an inference batch, which no ``apply_gradients`` may follow).
+        ``name`` names the op; on TPU it tags the enqueue for the TPU
+        compiler instead.  TPU-only in TF, and not done here: the check that
+        inputs are not on a TPU device, and the outside-compilation rewrite of
+        an enqueue inside a TPU replica function.
         """
         nest.assert_same_structure(self._feature_config, features)
         flat_weights = [None] * len(self._flat_features)
@@ -373,32 +465,57 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                               tf.int32)
             return self._enqueue_op(flat_inputs, flat_weights, training, ordinal, name,
                                     dynamic=True)
+        if device is not None:
+            replica = self._replica_of_device(device)
+            with tf.device(self._replica_devices()[replica]):
+                return self._enqueue_op(flat_inputs, flat_weights, training, replica, name)
         if self._num_replicas > 1:
             raise ValueError(
                 "With {} replicas, enqueue needs per-replica inputs (from "
                 "strategy.experimental_distribute_dataset or "
-                "distribute_values_from_function) or must be called inside "
-                "strategy.run.".format(self._num_replicas))
-        with tf.device(device) if device else contextlib.nullcontext():
-            return self._enqueue_op(flat_inputs, flat_weights, training, 0, name)
+                "distribute_values_from_function), a device= naming the replica, or "
+                "must be called inside strategy.run.".format(self._num_replicas))
+        return self._enqueue_op(flat_inputs, flat_weights, training, 0, name)
+
+    def _replica_of_device(self, device):
+        """The replica ``enqueue(device=...)`` feeds.  TF maps a TPU device to
+        its index (``/device:TPU:k`` -> queue k); here a replica is a CPU
+        device, so one of the strategy's worker devices (or ``/CPU:k`` /
+        ``/TPU:k`` with k < replicas, for code written for a TPU) picks
+        replica k."""
+        spec = tf.DeviceSpec.from_string(device)
+        if spec.device_type not in ("CPU", "TPU"):
+            raise ValueError("Non-TPU device {} passed to enqueue.".format(device))
+        for k, worker in enumerate(self._replica_devices()):
+            worker = tf.DeviceSpec.from_string(worker)
+            if spec.device_type == "CPU" and worker.make_merged_spec(spec) == worker:
+                return k
+        index = spec.device_index or 0
+        if spec.device_type == "CPU" or not 0 <= index < self._num_replicas:
+            raise ValueError(
+                "enqueue(device={!r}): device index {} is not a replica of this "
+                "strategy ({} replica(s): {})".format(
+                    device, index, self._num_replicas,
+                    list(self._replica_devices())))
+        return index
+
+    def _replica_devices(self):
+        """The device of each replica (the default strategy has no
+        ``worker_devices``: its one replica is the host CPU)."""
+        try:
+            return tuple(self._strategy.extended.worker_devices)
+        except RuntimeError:
+            return ("/job:localhost/replica:0/task:0/device:CPU:0",)
 
     def _maybe_build(self, flat_inputs):
         shapes = []
         for path, x, feature in zip(self._paths, flat_inputs, self._flat_features):
             shapes.append(self._input_shape(path, x, feature))
         incoming = self._output_shapes_from_input_shapes(shapes)
+        self._check_output_shapes(incoming)
         if not self._built:
             self._update_output_shapes(incoming)
             self.build()
-            return
-        for path, old, new in zip(self._paths, self._output_shapes, incoming):
-            if new.rank in (1, 2) and old.rank > new.rank:
-                continue  # ragged / sequence shapes are checked by the engine
-            if old.rank != new.rank or any(a is not None and b is not None and a != b
-                                           for a, b in zip(old.as_list(), new.as_list())):
-                raise ValueError(
-                    f"Inconsistent shape founded for input feature {path}, Output shape is "
-                    f"set to be {old}, But got incoming output shape {new}")
 
     @staticmethod
     def _input_shape(path, x, feature):
@@ -500,6 +617,12 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         config; ``None`` = zeros, with a warning) to the engine, which applies
         every table's optimizer once all replicas have sent."""
         self._require_built("apply_gradients")
+        no_optimizer = [t.name for t in self._table_config if t.optimizer is None]
+        if no_optimizer:
+            raise ValueError(
+                "apply_gradients called on a TPUEmbedding created with optimizer=None "
+                "(tables {} have no optimizer: the serving-only form, without slot "
+                "variables). Pass an optimizer to train.".format(no_optimizer))
         nest.assert_same_structure(self._feature_config, gradients)
         updated = []
         for (path, gradient), feature in zip(nest.flatten_with_joined_string_paths(gradients),

@@ -10,7 +10,8 @@
 * :func:`release_engine` / :func:`engine_owner` -- the process has one engine.
 * :func:`fix_distributed_fit` -- lets ``fit``/``evaluate``/``predict`` under a
   ``tf.distribute`` strategy take SparseTensor/RaggedTensor inputs (a Keras 3
-  workaround, from :mod:`tf_tpu_emb.keras.v0_layers`).
+  workaround, from :mod:`tf_tpu_emb.keras.v0_layers`; both layers apply it to
+  the models containing them by themselves).
 * :class:`TPUEmbeddingV0Layer` / :func:`export_serving_v0` -- the plain-variable
   (``TPUEmbeddingV0``) layer, trained by the model's Keras optimizer (see
   :mod:`tf_tpu_emb.keras.v0_layers`); importing this package registers both

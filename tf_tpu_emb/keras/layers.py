@@ -37,9 +37,9 @@ features and dequeues their activations (one step of the engine):
   equals a 1-replica step on the global batch).  Keras 3.15's ``fit`` under a
   strategy cannot take ``SparseTensor``/``RaggedTensor`` inputs by itself (its
   symbolic build averages the first batch across replicas and fails before
-  any layer runs): pass the model through
-  :func:`tf_tpu_emb.keras.fix_distributed_fit` once, or feed bags as dense
-  padded ids (see below).  Outside ``strategy.run`` (a direct ``model(x)``
+  any layer runs): the layer's constructor installs
+  :func:`tf_tpu_emb.keras.fix_distributed_fit` for every model that contains
+  a tf_tpu_emb layer (``v0_layers.install_distributed_fit_fix``).  Outside ``strategy.run`` (a direct ``model(x)``
   under a multi-replica strategy) there is no engine queue to feed: inference
   calls there look up the layer's (engine-refreshed) weights with stock ops,
   training calls raise.
@@ -105,6 +105,7 @@ from tf_tpu_emb import optimizers as optimizers_lib
 from tf_tpu_emb.keras import config as config_lib
 from tf_tpu_emb.keras import inputs as inputs_lib
 from tf_tpu_emb.keras import mirrors as mirrors_lib
+from tf_tpu_emb.keras import v0_layers
 
 try:  # Keras-internal: Keras' symbolic traces.
     from keras.src.backend.common.symbolic_scope import in_symbolic_scope
@@ -155,7 +156,6 @@ class _State:
         self.counter = None          # tf.Variable: training steps sent
         self.synced_at = None        # counter value when the mirrors were current
         self.syncing = False
-        self.sinks = {}              # (replica, table id) -> scratch variable
         self.stock = 0               # > 0: stock-op lookup (serving export)
 
 
@@ -183,9 +183,12 @@ class TPUEmbeddingLayer(keras.layers.Layer):
     for training, inference, weights, distribution and the engine's lifetime.
     """
 
+    _tf_tpu_emb_layer = True  # models containing it get the distributed-fit fix
+
     def __init__(self, feature_config, optimizer=None,
                  pipeline_execution_with_tensor_core=False, batch_size=None, **kwargs):
         super().__init__(**kwargs)
+        v0_layers.install_distributed_fit_fix()
         if isinstance(feature_config, dict) and config_lib.FORMAT_KEY in feature_config:
             feature_config, saved_optimizer = config_lib.deserialize_feature_config(
                 feature_config)
@@ -434,36 +437,6 @@ class TPUEmbeddingLayer(keras.layers.Layer):
 
     # ------------------------------------------------------------------ call
 
-    def _dummy_handles(self):
-        """The dummy variables' values, each behind a gradient barrier.
-
-        ``hook_step`` gives the dummy variables a zero gradient that carries the
-        step's Send as a control dependency.  Grappler folds that zero into a
-        constant; in nested tf.functions (Keras' fit: the step function is
-        inlined into the iterator loop) its dependency optimizer then drops the
-        Send's control-return edge as implied by the constant's path, and the
-        arithmetic/constant folding of e.g. Adam's ``g - m``, ``square(g)``
-        removes that path too: the Send is pruned and the tables silently never
-        train.  The barrier passes the gradient through a (per replica) scratch
-        variable -- assign, then read -- which grappler cannot fold, so the Send
-        always stays an ancestor of the optimizer's update ops.
-        """
-        st = self._state
-        replica = 0
-        ctx = tf.distribute.get_replica_context()
-        if ctx is not None and tf.distribute.has_strategy():
-            replica = tf.get_static_value(ctx.replica_id_in_sync_group) or 0
-        handles = []
-        for tid, dummy in enumerate(st.dummies):
-            key = (int(replica), tid)
-            if key not in st.sinks:
-                with tf.init_scope(), tf.device("/CPU:0"):
-                    st.sinks[key] = resource_variable_ops.ResourceVariable(
-                        tf.zeros([1], tf.float32), trainable=False,
-                        name="tpu_embedding_gradient_sink")
-            handles.append(gradients_lib.gradient_barrier(tf.convert_to_tensor(dummy), st.sinks[key]))
-        return handles
-
     def _learning_rates_fn(self):
         """The dynamic learning rates for hook_step, also counting the step.
 
@@ -522,7 +495,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
         with tf.control_dependencies(deps):
             outputs = nest.flatten(emb.dequeue())
         if train:
-            hooked = gradients_lib.hook_step(self._dummy_handles(), st.layout, outputs,
+            hooked = gradients_lib.hook_step(st.dummies, st.layout, outputs,
                                              self._learning_rates_fn())
             outputs = list(hooked.values())
         if actual is not None:

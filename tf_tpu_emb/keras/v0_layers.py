@@ -3,8 +3,9 @@
 The layer's tables are ordinary Keras weights (``trainable_weights``), so
 ``model.fit`` trains them with the *model's* optimizer, on the default
 strategy or under ``MirroredStrategy`` (create the model in
-``strategy.scope()``; with sparse or ragged inputs also pass it through
-:func:`fix_distributed_fit`, which works around a Keras 3 bug).  Inputs are
+``strategy.scope()``; sparse or ragged inputs there need
+:func:`fix_distributed_fit`, a Keras 3 workaround the layers apply by
+themselves, see :func:`install_distributed_fit_fix`).  Inputs are
 the nested feature structure of ``feature_config`` (dense, ``tf.SparseTensor``
 or ``tf.RaggedTensor`` ids per feature), optionally with a ``weights``
 structure; lookups use the fused ``embedding_bag`` op, and the tables'
@@ -27,6 +28,7 @@ that the serving lookup drops ids < 0 and, for mean/sqrtn, entries with
 weight <= 0 (``FeatureConfig.validate_weights_and_indices``).
 """
 import contextlib
+import functools
 import threading
 
 import keras
@@ -84,8 +86,11 @@ class TPUEmbeddingV0Layer(keras.layers.Layer):
     of ``feature_config`` (``TPUEmbeddingV0.embedding_lookup``).
     """
 
+    _tf_tpu_emb_layer = True  # models containing it get the distributed-fit fix
+
     def __init__(self, feature_config, optimizer=None, **kwargs):
         super().__init__(**kwargs)
+        install_distributed_fit_fix()
         if isinstance(feature_config, dict) and config_lib.FORMAT_KEY in feature_config:
             feature_config, saved_optimizer = config_lib.deserialize_feature_config(
                 feature_config)
@@ -200,61 +205,95 @@ def fix_distributed_fit(model):
     from the output shapes, as Keras does.  Without a strategy, and for
     models whose inputs are all dense, Keras' own step runs unchanged.
     """
-    from keras.src import backend as keras_backend  # pylint: disable=import-outside-toplevel
-
     original = model._maybe_symbolic_build  # pylint: disable=protected-access
 
     def _maybe_symbolic_build(iterator=None, data_batch=None):
-        strategy = model._distribute_strategy  # pylint: disable=protected-access
-        if strategy is None:
-            return original(iterator=iterator, data_batch=data_batch)
-        batch = data_batch
-        if iterator is not None:
-            for _, _, it in iterator:
-                batch = next(it)  # fit/evaluate/predict reset the iterator afterwards
-                break
-
-        def local(v):
-            if isinstance(v, tf.distribute.DistributedValues):
-                return strategy.experimental_local_results(v)[0]
-            return v
-
-        flat = tf.nest.flatten(batch)
-        if not any(isinstance(local(v), (tf.SparseTensor, tf.RaggedTensor)) for v in flat):
-            # All dense: Keras' own step (average of the replicas' batches).
-            if all(isinstance(v, tf.distribute.DistributedValues) for v in flat):
-                batch = strategy.reduce("MEAN", batch, axis=None)
-            return original(data_batch=batch)
-        data_batch = tf.nest.map_structure(local, batch)
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data_batch)
-
-        def spec(t):
-            return None if t is None else keras.KerasTensor(t.shape, t.dtype)
-
-        with strategy.scope():
-            metrics = model._compile_metrics  # pylint: disable=protected-access
-            loss = model._compile_loss  # pylint: disable=protected-access
-            metrics_unbuilt = metrics is not None and not metrics.built
-            loss_unbuilt = loss is not None and not loss.built
-            if (metrics_unbuilt or loss_unbuilt
-                    or not all(layer.built for layer in model._flatten_layers())):  # pylint: disable=protected-access
-                y_pred = tf.nest.map_structure(spec, model(x, training=False))
-                y, sample_weight = (tf.nest.map_structure(spec, y),
-                                    tf.nest.map_structure(spec, sample_weight))
-                if metrics_unbuilt:
-                    keras_backend.compute_output_spec(model.compute_metrics, None, y, y_pred,
-                                                      sample_weight=sample_weight)
-                if loss_unbuilt:
-                    keras_backend.compute_output_spec(model._compute_loss, None, y, y_pred,  # pylint: disable=protected-access
-                                                      sample_weight=sample_weight,
-                                                      training=False)
-            if model.optimizer is not None and not model.optimizer.built:
-                model.optimizer.build(model.trainable_variables)
-            model._post_build()  # pylint: disable=protected-access
-        return None
+        return _composite_aware_build(model, original, iterator, data_batch)
 
     object.__setattr__(model, "_maybe_symbolic_build", _maybe_symbolic_build)
     return model
+
+
+_auto_fix_lock = threading.Lock()
+_auto_fix_installed = False
+
+
+def install_distributed_fit_fix():
+    """Applies :func:`fix_distributed_fit` automatically (called by the
+    layers' constructors; idempotent): ``keras.Model``'s symbolic build step
+    takes the composite-aware path for every model that contains a
+    tf_tpu_emb layer (``TPUEmbeddingLayer`` / ``TPUEmbeddingV0Layer``) and runs
+    under a strategy; every other model keeps Keras' own step unchanged."""
+    global _auto_fix_installed
+    with _auto_fix_lock:
+        if _auto_fix_installed:
+            return
+        original = keras.Model._maybe_symbolic_build  # pylint: disable=protected-access
+
+        def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+            if getattr(self, "_distribute_strategy", None) is not None and any(
+                    getattr(layer, "_tf_tpu_emb_layer", False)
+                    for layer in self._flatten_layers()):  # pylint: disable=protected-access
+                return _composite_aware_build(
+                    self, functools.partial(original, self), iterator, data_batch)
+            return original(self, iterator=iterator, data_batch=data_batch)
+
+        keras.Model._maybe_symbolic_build = _maybe_symbolic_build  # pylint: disable=protected-access
+        _auto_fix_installed = True
+
+
+def _composite_aware_build(model, original, iterator, data_batch):
+    """The symbolic build step of :func:`fix_distributed_fit`; ``original``
+    is Keras' own (bound to ``model``)."""
+    from keras.src import backend as keras_backend  # pylint: disable=import-outside-toplevel
+
+    strategy = model._distribute_strategy  # pylint: disable=protected-access
+    if strategy is None:
+        return original(iterator=iterator, data_batch=data_batch)
+    batch = data_batch
+    if iterator is not None:
+        for _, _, it in iterator:
+            batch = next(it)  # fit/evaluate/predict reset the iterator afterwards
+            break
+
+    def local(v):
+        if isinstance(v, tf.distribute.DistributedValues):
+            return strategy.experimental_local_results(v)[0]
+        return v
+
+    flat = tf.nest.flatten(batch)
+    if not any(isinstance(local(v), (tf.SparseTensor, tf.RaggedTensor)) for v in flat):
+        # All dense: Keras' own step (average of the replicas' batches).
+        if all(isinstance(v, tf.distribute.DistributedValues) for v in flat):
+            batch = strategy.reduce("MEAN", batch, axis=None)
+        return original(data_batch=batch)
+    data_batch = tf.nest.map_structure(local, batch)
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data_batch)
+
+    def spec(t):
+        return None if t is None else keras.KerasTensor(t.shape, t.dtype)
+
+    with strategy.scope():
+        metrics = model._compile_metrics  # pylint: disable=protected-access
+        loss = model._compile_loss  # pylint: disable=protected-access
+        metrics_unbuilt = metrics is not None and not metrics.built
+        loss_unbuilt = loss is not None and not loss.built
+        if (metrics_unbuilt or loss_unbuilt
+                or not all(layer.built for layer in model._flatten_layers())):  # pylint: disable=protected-access
+            y_pred = tf.nest.map_structure(spec, model(x, training=False))
+            y, sample_weight = (tf.nest.map_structure(spec, y),
+                                tf.nest.map_structure(spec, sample_weight))
+            if metrics_unbuilt:
+                keras_backend.compute_output_spec(model.compute_metrics, None, y, y_pred,
+                                                  sample_weight=sample_weight)
+            if loss_unbuilt:
+                keras_backend.compute_output_spec(model._compute_loss, None, y, y_pred,  # pylint: disable=protected-access
+                                                  sample_weight=sample_weight,
+                                                  training=False)
+        if model.optimizer is not None and not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+        model._post_build()  # pylint: disable=protected-access
+    return None
 
 
 # ------------------------------------------------------------------ export
