@@ -1,5 +1,5 @@
 """1 replica vs 4 replicas on the same global batch (run by
-tests/test_optimizers.py::test_one_vs_four_replicas).
+tests/engine/test_optimizers.py::test_one_vs_four_replicas).
 
 TF's logical CPU devices must be configured before its runtime starts, so
 this runs as its own process with 4 logical CPUs.  Per case: the same
@@ -26,7 +26,8 @@ R = 4
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * R)
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "common"))  # the shared test helpers
 import engine_util as eu  # noqa: E402
 import optimizer_reference as ref  # noqa: E402
 import test_optimizers as T  # noqa: E402

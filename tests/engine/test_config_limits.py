@@ -5,22 +5,20 @@ shutdown interrupts and a timeout bounds.  Each limit is tested at its
 boundary: the largest accepted value and the smallest rejected one.
 
 Inputs that used to kill the process (SIGSEGV, SIGABRT, SIGFPE, OOM kill, a
-600 s hang) run in one child process (tests/config_limits_child.py), so a
+600 s hang) run in one child process (tests/engine/config_limits_child.py), so a
 regression fails the case it died in instead of killing pytest.
 
 The limits below are the documented ones, written here independently of the
 C++ constants."""
 import base64
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import tensorflow as tf
 
 import engine_util as eu
 from engine_util import FeatureSpec, TableSpec
+import harness  # tests/common: the one way to start a child process
 
 pytestmark = pytest.mark.usefixtures("lib")
 
@@ -154,15 +152,12 @@ def child_results():
     cases = [{"name": name, "config": base64.b64encode(eu.serialize(c)).decode(),
               "action": action, "env": env}
              for name, (c, action, env, _, _) in CHILD_CASES.items()]
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    for var in ("TF_TPU_EMB_MEMORY_LIMIT_BYTES", "TF_TPU_EMB_STEP_TIMEOUT_SECONDS"):
-        env.pop(var, None)
     results = {}
     while cases:
-        proc = subprocess.run([sys.executable, os.path.join(here, "config_limits_child.py")],
-                              input=json.dumps(cases), capture_output=True, text=True,
-                              env=env, timeout=1200)
+        proc = harness.run_python(
+            [harness.script(__file__, "config_limits_child.py")], input=json.dumps(cases),
+            unset=("TF_TPU_EMB_MEMORY_LIMIT_BYTES", "TF_TPU_EMB_STEP_TIMEOUT_SECONDS"),
+            timeout=1200)
         started = None
         for line in proc.stdout.splitlines():
             if line.startswith("START "):

@@ -1,4 +1,4 @@
-"""TPUEmbeddingLayer under MirroredStrategy (run by tests/test_keras_layer.py).
+"""TPUEmbeddingLayer under MirroredStrategy (run by tests/keras/test_keras_layer.py).
 
 TF's logical CPU devices must be configured before its runtime starts, so this
 runs as its own process with 2 logical CPUs.  The same functional model (dense

@@ -2,7 +2,6 @@
 generates: the checked-in C++ headers are current, the typed hyper-parameters
 match the proto, and the engine's slots start where the spec says."""
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -12,8 +11,9 @@ from tensorflow.core.protobuf.tpu import optimization_parameters_pb2
 import engine_util as eu
 from tf_tpu_emb import ops as tte_ops
 from tf_tpu_emb import optimizer_specs as S
+import harness  # tests/common: the one way to start a child process
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = harness.ROOT
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import gen_optimizers  # noqa: E402
 
@@ -34,8 +34,8 @@ def test_generated_header_is_current(rel):
 
 def test_check_mode_reports_current_tree():
     """The script's --check mode (what CI can call) agrees with the diff above."""
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "gen_optimizers.py"),
-                        "--check"], capture_output=True, text=True)
+    r = harness.run_python([os.path.join(ROOT, "tools", "gen_optimizers.py"), "--check"],
+                           timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
 
 

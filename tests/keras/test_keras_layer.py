@@ -7,14 +7,12 @@ numpy reference of SGD on the tables + SGD on the Dense part), predict and
 evaluate run in inference mode, and the layer round-trips through
 get_config/from_config, model.save/keras.models.load_model and
 get_weights/set_weights.  MirroredStrategy runs in a subprocess
-(tests/keras_mirrored_script.py), the stock-op serving export is loaded in a
-subprocess without tf_tpu_emb (tests/serving_load_script.py).
+(tests/keras/keras_mirrored_script.py), the stock-op serving export is loaded in a
+subprocess without tf_tpu_emb (tests/common/serving_load_script.py).
 """
 import gc
 import json
 import os
-import subprocess
-import sys
 
 import keras
 import numpy as np
@@ -27,6 +25,7 @@ from tf_tpu_emb import ops as emb_ops
 from tf_tpu_emb.keras import (TPUEmbeddingLayer, engine_owner, export_serving,
                               release_engine, stock_lookup)
 from tf_tpu_emb.serving import find_non_stock_ops
+import harness  # tests/common: the one way to start a child process
 
 # Keras warns that fit(shuffle=True) (its default) does not shuffle a tf.data.Dataset.
 pytestmark = pytest.mark.filterwarnings("ignore:`shuffle=True` was passed:UserWarning")
@@ -546,9 +545,7 @@ def test_get_config_from_config_round_trip():
 # ------------------------------------------------------------------ subprocesses
 
 def _run(args, timeout=240):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    proc = subprocess.run([sys.executable] + args, capture_output=True, text=True, env=env,
-                          timeout=timeout)
+    proc = harness.run_python(args, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return proc
 
@@ -605,7 +602,7 @@ def test_serving_export_of_stock_ops(tmp_path):
                            ["c/r", "ragged", False], ["scale", "dense", False]]}]
     with open(tmp_path / "cases.json", "w") as f:
         json.dump(cases, f)
-    _run([os.path.join(TESTS, "serving_load_script.py"), str(tmp_path / "cases.json")])
+    _run([harness.common_script("serving_load_script.py"), str(tmp_path / "cases.json")])
     with np.load(str(tmp_path / "out.npz")) as z:
         got = dict(z.items())
     np.testing.assert_allclose(got["sig/output_0"], expected, rtol=1e-5, atol=1e-6)

@@ -4,8 +4,6 @@ The layout the mid-level API builds from what it knows (no proto round trip)
 must equal the layout parsed back from the configuration it sends the
 engine, and both shape rules must agree with the activations the engine and
 TPUEmbeddingV0 actually produce."""
-import os
-import sys
 
 import numpy as np
 import pytest
@@ -17,7 +15,6 @@ import tf_tpu_emb
 from tf_tpu_emb import layout as L
 from tf_tpu_emb import ops as tte_ops
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mid_level_common as mc  # noqa: E402
 
 E = tf.tpu.experimental.embedding

@@ -5,12 +5,10 @@ reference model built from stock lookups (tf.nn.safe_embedding_lookup_sparse
 / embedding_lookup, dense gradients) does; predict/evaluate; get_config ->
 from_config; model.save(.keras) -> load_model predicting identically; the
 stock-op serving export, loaded in a process without tf_tpu_emb; model.fit
-under MirroredStrategy (tests/v0_strategy_script.py, 2 logical CPUs).
+under MirroredStrategy (tests/common/v0_strategy_script.py, 2 logical CPUs).
 """
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -20,6 +18,7 @@ from tensorflow.python.util import nest
 
 from tf_tpu_emb.keras import config as config_lib
 from tf_tpu_emb.keras.v0_layers import TPUEmbeddingV0Layer, export_serving_v0
+import harness  # tests/common: the one way to start a child process
 
 E = tf.tpu.experimental.embedding
 B = 8
@@ -242,18 +241,12 @@ def test_serving_export_runs_without_tf_tpu_emb(trained, tmp_path):
             components[name] = value
     npz = str(tmp_path / "inputs.npz")
     np.savez(npz, __expected__=expected, **{k: v.numpy() for k, v in components.items()})
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "v0_serving_load_script.py"),
-                           path, npz], capture_output=True, text=True, env=env, timeout=180)
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), (
-        "exit %d\nstdout:\n%s\nstderr:\n%s" % (proc.returncode, proc.stdout[-4000:],
-                                               proc.stderr[-4000:]))
+    proc = harness.run_python([harness.script(__file__, "v0_serving_load_script.py"), path, npz],
+                              timeout=180)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), harness.describe(proc)
 
 
 def test_fit_under_mirrored_strategy_two_cpus():
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "v0_strategy_script.py"), "keras"],
-                          capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), (
-        "exit %d\nstdout:\n%s\nstderr:\n%s" % (proc.returncode, proc.stdout[-4000:],
-                                               proc.stderr[-4000:]))
+    proc = harness.run_python([harness.common_script("v0_strategy_script.py"), "keras"],
+                              timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), harness.describe(proc)

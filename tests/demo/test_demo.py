@@ -7,11 +7,9 @@ that must not import tf_tpu_emb.
 """
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
+import harness  # tests/common: the one way to start a child process
 
 pytest.importorskip("matplotlib")
 
@@ -19,10 +17,8 @@ pytest.importorskip("matplotlib")
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    result = subprocess.run(
-        [sys.executable, "-m", "tf_tpu_emb.demo", "--quick", "--out", str(out)],
-        capture_output=True, text=True, env=env, timeout=300)
+    result = harness.run_python(["-m", "tf_tpu_emb.demo", "--quick", "--out", str(out)],
+                                timeout=300)
     return out, result
 
 

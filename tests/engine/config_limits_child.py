@@ -1,5 +1,5 @@
 """Runs configs that used to crash the process, in a child process of
-tests/test_config_limits.py: a regression kills this process, not pytest.
+tests/engine/test_config_limits.py: a regression kills this process, not pytest.
 
 Reads a JSON list of cases from stdin, each {"name", "config" (base64 of a
 serialized TPUEmbeddingConfiguration), "action", "env"}; prints "START
@@ -20,7 +20,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "common"))  # the shared test helpers
 import engine_util as eu  # noqa: E402
 import tf_tpu_emb  # noqa: E402
 from tf_tpu_emb import ops as tte_ops  # noqa: E402

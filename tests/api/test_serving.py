@@ -2,15 +2,13 @@
 
 TF's ``TPUEmbeddingForServing`` (works on CPU) stands in for the trained
 embedding object.  All exports are loaded in ONE fresh subprocess
-(tests/serving_load_script.py: tensorflow + numpy only, asserts tf_tpu_emb was
+(tests/common/serving_load_script.py: tensorflow + numpy only, asserts tf_tpu_emb was
 never imported) that calls the serving signature (flat tensors) and the
 restored ``lookup`` tf.function (composite tensors); the results are compared
 with a numpy reference and with the in-process ``module.lookup``.
 """
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -18,6 +16,7 @@ import tensorflow as tf
 
 from tf_tpu_emb.serving import (NonStockOpError, assert_stock_ops, export_serving,
                                 find_non_stock_ops)
+import harness  # tests/common: the one way to start a child process
 
 E = tf.tpu.experimental.embedding
 B = 4
@@ -210,10 +209,8 @@ class Exported:
                           "features": [[p, k, p in WEIGHTS] for p, k in KINDS.items()]})
         with open(os.path.join(tmp, "cases.json"), "w") as f:
             json.dump(cases, f)
-        script = os.path.join(os.path.dirname(__file__), "serving_load_script.py")
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-        proc = subprocess.run([sys.executable, script, os.path.join(tmp, "cases.json")],
-                              capture_output=True, text=True, env=env, timeout=300)
+        proc = harness.run_python([harness.common_script("serving_load_script.py"),
+                                   os.path.join(tmp, "cases.json")], timeout=300)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
         for case, name in zip(cases, specs):
             with np.load(case["output"]) as z:

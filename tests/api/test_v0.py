@@ -8,11 +8,9 @@
 * training with Keras SGD / Adagrad / Adam equals a dense-gradient reference
   (tf.nn lookups on plain variables + the same Keras optimizer);
 * TF's error texts; the ``slot_variable_creation_fn`` hook; checkpoints in
-  TF's layout.  MirroredStrategy runs in tests/v0_strategy_script.py.
+  TF's layout.  MirroredStrategy runs in tests/common/v0_strategy_script.py.
 """
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -24,6 +22,7 @@ from tensorflow.python.tpu import tpu_embedding_v1
 import tf_tpu_emb
 from tf_tpu_emb import embedding_bag as bag_lib
 from tf_tpu_emb.v0 import TPUEmbeddingV0, keras_slot_variable_creation_fn
+import harness  # tests/common: the one way to start a child process
 
 E = tf.tpu.experimental.embedding
 B = 6
@@ -456,10 +455,6 @@ def test_surface_and_checkpoint_layout(tmp_path):
 # --------------------------------------------------------- MirroredStrategy
 
 def test_mirrored_strategy_two_cpus():
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "v0_strategy_script.py")
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    proc = subprocess.run([sys.executable, script, "v0"], capture_output=True, text=True,
-                          env=env, timeout=300)
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), (
-        "exit %d\nstdout:\n%s\nstderr:\n%s" % (proc.returncode, proc.stdout[-4000:],
-                                               proc.stderr[-4000:]))
+    proc = harness.run_python([harness.common_script("v0_strategy_script.py"), "v0"],
+                              timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), harness.describe(proc)

@@ -1,5 +1,5 @@
 """An invalid Send on one replica after another replica has sent (run by
-tests/test_multi_replica.py in its own process: logical CPUs must be set up
+tests/engine/test_multi_replica.py in its own process: logical CPUs must be set up
 before TF starts).  The step is failed for every replica: nothing is applied,
 the replica that had sent gets an Aborted error from its next Recv, and the
 following step trains normally.  Exit code 0 and "OK" = pass."""
@@ -15,7 +15,8 @@ R = 2
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * R)
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "common"))  # the shared test helpers
 import engine_util as eu  # noqa: E402
 from engine_util import FeatureSpec, TableSpec  # noqa: E402
 

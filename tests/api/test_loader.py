@@ -2,8 +2,6 @@
 first use, a library built for another TensorFlow minor version is refused with
 a rebuild hint, and once loaded the kernels serve both TF's op names and ours."""
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -12,6 +10,7 @@ import tensorflow as tf
 import tf_tpu_emb
 from tf_tpu_emb import _loader
 from tf_tpu_emb import ops as tte_ops
+import harness  # tests/common: the one way to start a child process
 
 
 def test_import_does_not_load_library():
@@ -22,9 +21,7 @@ def test_import_does_not_load_library():
         "maps = open('/proc/self/maps').read()\n"
         "assert %r not in maps, 'op library mapped after import'\n"
         "print('OK')\n" % os.path.basename(_loader.library_path()))
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=env, timeout=120)
+    proc = harness.run_python(["-c", code], timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "OK", proc.stderr[-2000:]
 
 

@@ -1,12 +1,12 @@
 """tf_tpu_emb.TPUEmbedding under MirroredStrategy over R logical CPUs (run by
-tests/test_mid_level.py; TF's logical devices must be configured before its
+tests/api/test_mid_level.py; TF's logical devices must be configured before its
 runtime starts, hence a process of its own).
 
 Usage: ``python mid_level_strategy_script.py R OPT[,OPT...]`` with OPT one of
 sgd, adagrad, adam, ftrl, or ``adagrad-dynamic`` (a callable learning rate
 read from a tf.Variable that changes every step).
 
-For each optimizer: the model of tests/mid_level_common.py (two tables, five
+For each optimizer: the model of tests/common/mid_level_common.py (two tables, five
 features) is trained for four steps on global batches of 8 split contiguously
 over the R replicas -- enqueue inside ``strategy.run`` (replica id path) and
 outside it (per-replica values from
@@ -31,7 +31,8 @@ cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * R)
 tf.get_logger().setLevel("ERROR")  # "Using MirroredStrategy eagerly has significant overhead"
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "common"))  # the shared test helpers
 import mid_level_common as mc  # noqa: E402
 import tf_tpu_emb  # noqa: E402
 

@@ -17,7 +17,6 @@ Send-after-Recv ordering with a loss linear in the activations; two replicas.
 """
 import collections
 import os
-import subprocess
 import sys
 import warnings
 
@@ -31,6 +30,7 @@ import engine_util as eu
 from engine_util import FeatureSpec, TableSpec
 from tf_tpu_emb import gradients as G
 from tf_tpu_emb import ops as tte_ops
+import harness  # tests/common: the one way to start a child process
 
 pytestmark = pytest.mark.usefixtures("lib")
 
@@ -820,10 +820,5 @@ def test_multi_replica_sends_go_to_their_replica():
     """Two replicas (logical CPUs, so a fresh process): each replica's
     hook_step sends from its Recv's device even when tape.gradient runs
     outside that device scope; the update is the sum over both replicas."""
-    tests_dir = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    proc = subprocess.run([sys.executable, "-c", _MULTI_REPLICA_SCRIPT, tests_dir],
-                          capture_output=True, text=True, env=env, timeout=180)
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), (
-        "exit %d\nstdout:\n%s\nstderr:\n%s" % (proc.returncode, proc.stdout[-4000:],
-                                               proc.stderr[-4000:]))
+    proc = harness.run_python(["-c", _MULTI_REPLICA_SCRIPT, harness.COMMON], timeout=180)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), harness.describe(proc)

@@ -1,5 +1,5 @@
 """TPUEmbeddingV0 / TPUEmbeddingV0Layer under MirroredStrategy over 2
-logical CPUs (run by tests/test_v0.py and tests/test_keras_v0_layer.py; TF's
+logical CPUs (run by tests/api/test_v0.py and tests/keras/test_keras_v0_layer.py; TF's
 logical devices must be configured before its runtime starts, hence a
 process of its own).
 

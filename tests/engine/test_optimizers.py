@@ -6,7 +6,7 @@ tables, several weighted features on one table (sum, mean and sqrtn
 combiners) and a sequence feature; after the run the retrieved tables AND
 slots are compared with
 
-* the float64 numpy reference tests/optimizer_reference.py, written from the
+* the float64 numpy reference tests/common/optimizer_reference.py, written from the
   spec (§4.3 backward semantics, §5.0 pipeline, §5.1-5.18 formulas), and
 * where TF has a CPU training kernel with the same math (spec §5.20), that
   kernel (tf.raw_ops.ResourceSparseApply* / dense ResourceApplyAdam with
@@ -15,7 +15,7 @@ slots are compared with
 
 Also: the pipeline features (gradient clipping, weight clipping, decoupled
 weight decay, gradient accumulation on/off, dynamic learning rates), table
-mode, 1 vs 4 replicas (subprocess: tests/optimizer_multi_replica_script.py)
+mode, 1 vs 4 replicas (subprocess: tests/engine/optimizer_multi_replica_script.py)
 and the transactional behaviour of invalid Sends (tables and slots
 bit-identical afterwards, and a valid Send still works).
 
@@ -23,8 +23,6 @@ Run with -s to see the maximum observed errors per case (ERRORS lines).
 """
 import contextlib
 import os
-import subprocess
-import sys
 import zlib
 from typing import Dict, Tuple
 
@@ -36,6 +34,7 @@ import engine_util as eu
 import optimizer_reference as ref
 from optimizer_reference import TableParams
 from tf_tpu_emb.optimizers import BY_PROTO_FIELD
+import harness  # tests/common: the one way to start a child process
 
 pytestmark = pytest.mark.usefixtures("lib")
 
@@ -648,14 +647,9 @@ def test_one_vs_four_replicas():
     threads, one per replica): identical tables, both equal to the numpy
     reference.  Separate process: TF's logical CPUs must be configured
     before its runtime starts."""
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                          "optimizer_multi_replica_script.py")
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    proc = subprocess.run([sys.executable, script], capture_output=True, text=True, env=env,
-                          timeout=300)
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), (
-        "exit %d\nstdout:\n%s\nstderr:\n%s" % (proc.returncode, proc.stdout[-4000:],
-                                               proc.stderr[-4000:]))
+    proc = harness.run_python([harness.script(__file__, "optimizer_multi_replica_script.py")],
+                              timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), harness.describe(proc)
     for line in proc.stdout.splitlines():
         if line.startswith("ERRORS "):
             label, a, r = line[len("ERRORS "):].rsplit(None, 2)

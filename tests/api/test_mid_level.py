@@ -3,13 +3,13 @@
 tf.tpu.experimental.embedding.SGD / Adagrad / Adam / FTRL objects.
 
 The model, inputs, training loop and numpy reference live in
-tests/mid_level_common.py: two tables (``video`` sum, ``user`` mean), five
+tests/common/mid_level_common.py: two tables (``video`` sum, ``user`` mean), five
 features (weighted sparse, dense, ragged with ``output_shape``, weighted
 ragged, sparse sequence), loss Σ act * c so dL/d(activations) = c, and
-tests/optimizer_reference.py applied to the global batch.
+tests/common/optimizer_reference.py applied to the global batch.
 
 * training numerics: default strategy, OneDeviceStrategy (in process) and
-  MirroredStrategy over 2 and 4 logical CPUs (tests/mid_level_strategy_script.py),
+  MirroredStrategy over 2 and 4 logical CPUs (tests/api/mid_level_strategy_script.py),
   eagerly and in tf.function, enqueue inside / outside strategy.run; tables
   AND slots after every step; dynamic learning rate; per-table optimizers;
 * errors (TF's texts where TF has them) and the one-engine-per-process rule;
@@ -18,15 +18,13 @@ tests/optimizer_reference.py applied to the global batch.
   (TPUEmbeddingForServing's checkpoint, plain variables named as TF names
   them) -> ours, also restored before build;
 * export_serving from a trained TPUEmbedding, loaded in a process that never
-  imports tf_tpu_emb (tests/serving_load_script.py).
+  imports tf_tpu_emb (tests/common/serving_load_script.py).
 
 Every test releases the engine (only one exists per process).
 """
 import json
 import logging
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -36,8 +34,8 @@ from tensorflow.python.trackable import autotrackable
 import tf_tpu_emb
 from tf_tpu_emb import ops as tte_ops
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mid_level_common as mc  # noqa: E402
+import harness  # tests/common: the one way to start a child process
 
 E = tf.tpu.experimental.embedding
 B = mc.GLOBAL_BATCH
@@ -75,12 +73,9 @@ def lookup(embedding, raw):
 
 
 def run_script(args, ok="OK", timeout=240):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    proc = subprocess.run([sys.executable] + args, capture_output=True, text=True, env=env,
-                          timeout=timeout)
-    assert proc.returncode == 0 and proc.stdout.strip().endswith(ok), (
-        "exit %d\nstdout:\n%s\nstderr:\n%s" % (proc.returncode, proc.stdout[-4000:],
-                                               proc.stderr[-6000:]))
+    proc = harness.run_python(args, timeout=timeout)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith(ok), harness.describe(
+        proc, stderr_tail=6000)
     return proc.stdout
 
 
@@ -659,7 +654,7 @@ def test_export_serving_from_trained_embedding(tmp_path):
             "features": [[p, kinds[mc.FEATURES[p][1]], p in mc.WEIGHTED] for p in SERVED]}
     with open(tmp_path / "cases.json", "w") as f:
         json.dump([case], f)
-    run_script([os.path.join(HERE, "serving_load_script.py"), str(tmp_path / "cases.json")],
+    run_script([harness.common_script("serving_load_script.py"), str(tmp_path / "cases.json")],
                ok="OK 1")
     with np.load(tmp_path / "out.npz") as z:
         loaded = dict(z.items())

@@ -10,7 +10,7 @@ C++ registry (Load op OpDef inputs; slots of a freshly configured engine),
 makes TF's own classes write the expected protos (spec §4.4 "Empirical
 _set_optimization_parameters output") without touching the original,
 ``table_descriptor_for``, and engine round trips (configure, load, enqueue,
-Recv, Send, retrieve) compared with tests/optimizer_reference.py.
+Recv, Send, retrieve) compared with tests/common/optimizer_reference.py.
 """
 import inspect
 

@@ -1,4 +1,4 @@
-"""Several replicas in one process (run by tests/test_multi_replica.py).
+"""Several replicas in one process (run by tests/engine/test_multi_replica.py).
 
 TF's logical CPU devices must be configured before its runtime starts, so this
 runs as its own process: 4 logical CPUs, num_tensor_cores = 4, one queue per
@@ -17,7 +17,8 @@ R = 4
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * R)
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "common"))  # the shared test helpers
 import engine_util as eu  # noqa: E402
 from engine_util import FeatureSpec, TableSpec  # noqa: E402
 

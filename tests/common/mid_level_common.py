@@ -1,5 +1,5 @@
 """The model, inputs, training loop and numpy reference shared by
-tests/test_mid_level.py and tests/mid_level_strategy_script.py (the
+tests/api/test_mid_level.py and tests/api/mid_level_strategy_script.py (the
 MirroredStrategy runs, which need their own process for TF's logical CPUs).
 
 The model: two tables and five features covering every input kind of TF's
@@ -19,7 +19,7 @@ path               table    input                   activation (per replica, bat
 
 The loss of a step is ``Σ_features Σ act * c`` with a fixed random ``c`` per
 feature, so dL/d(activations) = c and the expected update follows from the
-inputs alone: tests/optimizer_reference.py (spec-derived, float64) is applied
+inputs alone: tests/common/optimizer_reference.py (spec-derived, float64) is applied
 to the GLOBAL batch; with R replicas, replica r gets rows [r*b, (r+1)*b) of it.
 """
 import os

@@ -1,5 +1,5 @@
 """Loads a SavedModel written by tf_tpu_emb.keras.export_serving_v0 in a
-process that never imports tf_tpu_emb (run by tests/test_keras_v0_layer.py).
+process that never imports tf_tpu_emb (run by tests/keras/test_keras_v0_layer.py).
 
 argv: the SavedModel directory and an .npz of the ``serving_default``
 signature's input tensors plus ``__expected__`` (the Keras model's
