@@ -1,8 +1,8 @@
 // The embedding bag: out = combiner(sum_k w_k * E[id_k]).  Shared by the
 // engine's Recv, its backward pass and the standalone EmbeddingBag op
 // (TPUEmbeddingV0), so the three agree on the combiner arithmetic.
-#ifndef TF_TPU_EMB_KERNELS_BAG_H_
-#define TF_TPU_EMB_KERNELS_BAG_H_
+#ifndef TF_TPU_EMB_CORE_BAG_H_
+#define TF_TPU_EMB_CORE_BAG_H_
 
 #include <cmath>
 #include <cstdint>
@@ -58,4 +58,4 @@ inline void ReduceBag(const float* base, int dim, const Id* ids, const float* w,
 
 }  // namespace tf_tpu_emb
 
-#endif  // TF_TPU_EMB_KERNELS_BAG_H_
+#endif  // TF_TPU_EMB_CORE_BAG_H_

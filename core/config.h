@@ -1,8 +1,8 @@
 // TPUEmbeddingConfiguration semantics shared by the shape functions (ops/)
 // and the engine (kernels/): output shapes, table shard shapes, state
 // variables, and the configure-time completion/validation of a config.
-#ifndef TF_TPU_EMB_KERNELS_CONFIG_H_
-#define TF_TPU_EMB_KERNELS_CONFIG_H_
+#ifndef TF_TPU_EMB_CORE_CONFIG_H_
+#define TF_TPU_EMB_CORE_CONFIG_H_
 
 #include <cmath>
 #include <cstdint>
@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
-#include "kernels/optimizers.h"
+#include "core/optimizers.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/framework/tensor_shape.pb.h"
 #include "tensorflow/core/platform/errors.h"
@@ -503,4 +503,4 @@ inline absl::Status ValidateConfig(const TPUEmbeddingConfiguration& config) {
 
 }  // namespace tf_tpu_emb
 
-#endif  // TF_TPU_EMB_KERNELS_CONFIG_H_
+#endif  // TF_TPU_EMB_CORE_CONFIG_H_

@@ -12,15 +12,15 @@
 // optimizer-specific branch.  Adding an optimizer: one spec entry, one formula
 // below (`void <Name>(const RowArgs&, const <Name>Hyper&)`), one numpy
 // reference in tests/optimizer_reference.py; see ARCHITECTURE.md.
-#ifndef TF_TPU_EMB_KERNELS_OPTIMIZERS_H_
-#define TF_TPU_EMB_KERNELS_OPTIMIZERS_H_
+#ifndef TF_TPU_EMB_CORE_OPTIMIZERS_H_
+#define TF_TPU_EMB_CORE_OPTIMIZERS_H_
 
 #include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
 
-#include "kernels/optimizer_params.gen.h"
+#include "core/optimizer_params.gen.h"
 #include "tensorflow/core/protobuf/tpu/optimization_parameters.pb.h"
 
 namespace tf_tpu_emb {
@@ -294,7 +294,7 @@ inline void Assign(const RowArgs& a, const AssignHyper&) {
 }  // namespace tf_tpu_emb
 
 // AllOptimizers(): the table, generated from the spec.
-#include "kernels/optimizer_table.gen.h"  // NOLINT(build/include_order)
+#include "core/optimizer_table.gen.h"  // NOLINT(build/include_order)
 
 namespace tf_tpu_emb {
 
@@ -326,4 +326,4 @@ inline float GradientAccumulatorInitialValue() {
 
 }  // namespace tf_tpu_emb
 
-#endif  // TF_TPU_EMB_KERNELS_OPTIMIZERS_H_
+#endif  // TF_TPU_EMB_CORE_OPTIMIZERS_H_

@@ -1,10 +1,17 @@
 // The CPU embedding engine: tables + optimizer slots, per-replica queues of
-// enqueued batches, and the fused lookup that RecvTPUEmbeddingActivations
-// runs.  One engine per process (see Engine::Current): with MirroredStrategy
-// over N logical CPU devices every replica's kernels run on a different
-// device, so a per-device ResourceMgr could not give them one shared engine.
-#ifndef TF_TPU_EMB_KERNELS_ENGINE_H_
-#define TF_TPU_EMB_KERNELS_ENGINE_H_
+// enqueued batches, the fused lookup that RecvTPUEmbeddingActivations runs
+// and the backward step SendTPUEmbeddingGradients completes.  One engine per
+// process (see Engine::Current): with MirroredStrategy over N logical CPU
+// devices every replica's kernels run on a different device, so a per-device
+// ResourceMgr could not give them one shared engine.
+//
+// Where each part lives: engine.cc (lifecycle, the process registry,
+// configure), table.{h,cc} (storage, update settings, shard copy), step.cc
+// (queues, in-flight batches, the step protocol and its StepBarrier),
+// lookup.cc (forward), apply.cc (backward), input_mappers.{h,cc} (enqueue
+// inputs -> Batch).
+#ifndef TF_TPU_EMB_ENGINE_ENGINE_H_
+#define TF_TPU_EMB_ENGINE_ENGINE_H_
 
 #include <condition_variable>
 #include <cstdint>
@@ -16,10 +23,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "kernels/bag.h"
-#include "kernels/config.h"
-#include "kernels/optimizers.h"
-#include "kernels/step_barrier.h"
+#include "core/config.h"
+#include "engine/batch.h"
+#include "engine/step_barrier.h"
+#include "engine/table.h"
 #include "tensorflow/core/framework/resource_base.h"
 #include "tensorflow/core/framework/tensor.h"
 
@@ -31,68 +38,6 @@ class ThreadPool;
 
 namespace tf_tpu_emb {
 
-
-// float32 rows, 2 MiB aligned and backed by transparent huge pages where the
-// kernel allows: random row gathers are bound by TLB misses.
-class FloatBuffer {
- public:
-  FloatBuffer() = default;
-  ~FloatBuffer();
-  FloatBuffer(const FloatBuffer&) = delete;
-  FloatBuffer& operator=(const FloatBuffer&) = delete;
-  absl::Status Allocate(int64_t num_floats, float fill);
-  float* data() { return data_; }
-  const float* data() const { return data_; }
-
- private:
-  float* data_ = nullptr;
-  size_t bytes_ = 0;
-};
-
-struct Table {
-  std::string name;
-  int64_t vocabulary_size = 0;
-  int dimension = 0;
-  OptimizationParameters params;
-  const OptimizerSpec* optimizer = nullptr;
-  // state[0] = parameters, state[1 + i] = optimizer slot i; [vocab, dim] each.
-  std::vector<std::unique_ptr<FloatBuffer>> state;
-  std::vector<std::string> state_names;  // incl. trailing gradient_accumulators
-  // Forward-pass simulated quantization (OptimizationParameters).
-  bool quantize = false;
-  float quant_lower = 0, quant_upper = 0, quant_step = 0;
-};
-
-// One output (feature descriptor of the completed config) of the engine.
-struct OutputSpec {
-  int table = 0;
-  std::vector<int64_t> shape;  // input_shape; the Recv output adds [dim]
-  int64_t positions = 0;       // product of shape: bags in the output
-  ::tensorflow::TensorShape recv_shape;  // shape + [dim]: Recv's output, Send's gradient
-};
-
-// The ids of one output of one enqueued batch, as CSR over the output's
-// positions (bags): bag p holds ids[offsets[p] .. offsets[p+1]).
-struct OutputBatch {
-  std::vector<int64_t> offsets;
-  std::vector<int64_t> ids;
-  std::vector<float> weights;          // empty: every weight is 1
-  // Combiner of bag p is slot_combiners[p % slot_combiners.size()]: in table
-  // mode several features with their own combiners interleave in a table.
-  std::vector<Combiner> slot_combiners;
-};
-
-struct Batch {
-  std::vector<OutputBatch> outputs;  // one per OutputSpec
-  bool training = true;
-};
-
-// One replica's share of a training step: the batch its Recv produced and
-// the gradients its Send handed in (one per output, shaped like Recv's).
-struct StepPart {
-  Batch batch;
-  std::vector<::tensorflow::Tensor> gradients;
-};
 
 class Engine : public ::tensorflow::ResourceBase {
  public:
@@ -118,6 +63,12 @@ class Engine : public ::tensorflow::ResourceBase {
   int num_tables() const { return tables_.size(); }
   const std::vector<OutputSpec>& outputs() const { return outputs_; }
   Table& table(int t) { return tables_[t]; }
+  const Table& table(int t) const { return tables_[t]; }
+  // The config's sharding_strategy is MOD (else DIV_DEFAULT): Load/Retrieve's
+  // shard row mapping (CopyShard).
+  bool mod_sharding() const {
+    return config_.sharding_strategy() == TPUEmbeddingConfiguration::MOD;
+  }
   // Index of the table called `name`, or -1.
   int FindTable(const std::string& name) const;
   bool training_by_default() const;
@@ -128,7 +79,6 @@ class Engine : public ::tensorflow::ResourceBase {
   void Enqueue(int replica, Batch batch);
   // Pops the oldest batch of `replica`; FailedPrecondition when none.
   absl::Status Dequeue(int replica, Batch* batch);
-  int64_t QueuedBatches(int replica);
   // Recv keeps each replica's last batch: the backward pass
   // (SendTPUEmbeddingGradients) needs its ids, weights and combiners.
   void SetInFlight(int replica, Batch batch);
@@ -136,6 +86,9 @@ class Engine : public ::tensorflow::ResourceBase {
   // ------------------------------------------------------- training step
   // Number of dynamic inputs (learning-rate tags) Send must receive.
   int num_dynamic_inputs() const { return num_dynamic_; }
+  // The first table whose optimization_parameters have no learning_rate
+  // (Send refuses to train it), or -1.
+  int table_without_learning_rate() const { return table_without_learning_rate_; }
   // Validate Send's gradients for NaN/Inf (off by default, as on TPU; set
   // TF_TPU_EMB_CHECK_NUMERICS=1 before configure).
   bool check_numerics() const { return check_numerics_; }
@@ -178,7 +131,9 @@ class Engine : public ::tensorflow::ResourceBase {
   std::mutex queue_mu_;
   std::vector<std::deque<Batch>> queues_;  // per replica
   std::vector<Batch> in_flight_;           // per replica
-  std::vector<int> in_flight_state_;       // kNone / kTraining / kInference
+  // What replica r's in-flight batch is (Send accepts only a training one).
+  enum InFlight { kNoBatch, kTraining, kInference };
+  std::vector<InFlight> in_flight_state_;  // per replica
   // The step being collected: parts_[r] is set once replica r has sent.
   std::vector<std::unique_ptr<StepPart>> parts_;
   int submitted_ = 0;
@@ -186,6 +141,7 @@ class Engine : public ::tensorflow::ResourceBase {
   std::vector<std::string> step_errors_;   // per replica, from AbortStep
   StepBarrier step_barrier_;  // waits on queue_mu_
   int num_dynamic_ = 0;
+  int table_without_learning_rate_ = -1;
   bool check_numerics_ = false;
   bool pipelined_ = false;
 
@@ -195,4 +151,4 @@ class Engine : public ::tensorflow::ResourceBase {
 
 }  // namespace tf_tpu_emb
 
-#endif  // TF_TPU_EMB_KERNELS_ENGINE_H_
+#endif  // TF_TPU_EMB_ENGINE_ENGINE_H_

@@ -3,8 +3,8 @@
 // ShutdownTPUEmbedding cancels it (every present and future wait returns
 // Cancelled at once) and no wait outlasts the timeout (README "Limits and
 // errors": TF_TPU_EMB_STEP_TIMEOUT_SECONDS, default 600 s).
-#ifndef TF_TPU_EMB_KERNELS_STEP_BARRIER_H_
-#define TF_TPU_EMB_KERNELS_STEP_BARRIER_H_
+#ifndef TF_TPU_EMB_ENGINE_STEP_BARRIER_H_
+#define TF_TPU_EMB_ENGINE_STEP_BARRIER_H_
 
 #include <cerrno>
 #include <chrono>
@@ -89,4 +89,4 @@ class StepBarrier {
 
 }  // namespace tf_tpu_emb
 
-#endif  // TF_TPU_EMB_KERNELS_STEP_BARRIER_H_
+#endif  // TF_TPU_EMB_ENGINE_STEP_BARRIER_H_

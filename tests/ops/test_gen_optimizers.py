@@ -42,7 +42,7 @@ def test_check_mode_reports_current_tree():
 def test_check_mode_detects_a_stale_header(tmp_path, monkeypatch):
     """A header that differs from the spec's output is reported, not rewritten."""
     monkeypatch.setattr(gen_optimizers, "ROOT", str(tmp_path))
-    (tmp_path / "kernels").mkdir()
+    (tmp_path / "core").mkdir()
     for rel, text in gen_optimizers.generate().items():
         (tmp_path / rel).write_text(text)
     stale = tmp_path / gen_optimizers.TABLE_H
