@@ -8,8 +8,8 @@
 // Where each part lives: engine.cc (lifecycle, the process registry,
 // configure), table.{h,cc} (storage, update settings, shard copy), step.cc
 // (queues, in-flight batches, the step protocol and its StepBarrier),
-// lookup.cc (forward), apply.cc (backward), input_mappers.{h,cc} (enqueue
-// inputs -> Batch).
+// lookup.cc (forward), apply.cc (backward), input_mappers.{h,cc} and
+// feature_batch_mapper.cc over mapper_base.h (enqueue inputs -> Batch).
 #ifndef TF_TPU_EMB_ENGINE_ENGINE_H_
 #define TF_TPU_EMB_ENGINE_ENGINE_H_
 

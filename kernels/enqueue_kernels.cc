@@ -18,12 +18,6 @@ namespace tf_tpu_emb {
 namespace kernels {
 namespace {
 
-using ::tensorflow::OpInputList;
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
-using ::tensorflow::OpKernelContext;
-using ::tensorflow::Tensor;
-
 // The formats; each names its first input list (indices or splits).
 enum class Format { kInteger, kSparse, kArbitrary, kSparseTensor, kRaggedTensor };
 

@@ -19,14 +19,6 @@ namespace tf_tpu_emb {
 namespace kernels {
 namespace {
 
-using ::tensorflow::OpInputList;
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
-using ::tensorflow::OpKernelContext;
-using ::tensorflow::OpOutputList;
-using ::tensorflow::Tensor;
-using ::tensorflow::TensorShape;
-
 // Resolves the table of a per-table op and the rows of its shard.
 struct TableShard {
   int table = -1;

@@ -17,13 +17,6 @@ namespace tf_tpu_emb {
 namespace kernels {
 namespace {
 
-using ::tensorflow::OpInputList;
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
-using ::tensorflow::OpKernelContext;
-using ::tensorflow::Tensor;
-using ::tensorflow::TensorShape;
-
 class RecvOp : public OpKernel {
  public:
   explicit RecvOp(OpKernelConstruction* ctx) : OpKernel(ctx), op_(BareOpName(ctx)) {

@@ -20,6 +20,15 @@
 namespace tf_tpu_emb {
 namespace kernels {
 
+// The TF kernel API every kernel file of this folder uses.
+using ::tensorflow::OpInputList;
+using ::tensorflow::OpKernel;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::OpOutputList;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
+
 inline constexpr char kPrefix[] = "TfTpuEmb>";
 
 // Registers `Kernel` for `bare_name` under our prefix and, if `core`, under

@@ -13,12 +13,6 @@ namespace tf_tpu_emb {
 namespace kernels {
 namespace {
 
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
-using ::tensorflow::OpKernelContext;
-using ::tensorflow::Tensor;
-using ::tensorflow::TensorShape;
-
 class TPUEmbeddingActivationsOp : public OpKernel {
  public:
   explicit TPUEmbeddingActivationsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}

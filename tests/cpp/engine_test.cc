@@ -12,6 +12,7 @@
 
 #include "engine/apply.cc"          // NOLINT(build/include)
 #include "engine/engine.cc"         // NOLINT(build/include)
+#include "engine/feature_batch_mapper.cc"  // NOLINT(build/include)
 #include "engine/input_mappers.cc"  // NOLINT(build/include)
 #include "engine/lookup.cc"         // NOLINT(build/include)
 #include "engine/step.cc"           // NOLINT(build/include)
