@@ -4,14 +4,14 @@
 // What each optimizer is -- its proto field, Load/Retrieve op names, slots and
 // their initial values, named typed hyper-parameters, dynamic inputs and
 // laziness -- is data in tf_tpu_emb/optimizer_specs.py, from which
-// tools/gen_optimizers.py generates kernels/optimizer_params.gen.h (the
+// tools/gen_optimizers.py generates core/optimizer_params.gen.h (the
 // hyper-parameter structs and their proto readers) and
-// kernels/optimizer_table.gen.h (AllOptimizers()).  Configure-time
+// core/optimizer_table.gen.h (AllOptimizers()).  Configure-time
 // validation, the engine's slot allocation and step, the Load/Retrieve ops
 // and the LoadAll/RetrieveAll layout all read that table; none of them has an
 // optimizer-specific branch.  Adding an optimizer: one spec entry, one formula
 // below (`void <Name>(const RowArgs&, const <Name>Hyper&)`), one numpy
-// reference in tests/optimizer_reference.py; see ARCHITECTURE.md.
+// reference in tests/common/optimizer_reference.py; see ARCHITECTURE.md.
 #ifndef TF_TPU_EMB_CORE_OPTIMIZERS_H_
 #define TF_TPU_EMB_CORE_OPTIMIZERS_H_
 
@@ -117,7 +117,8 @@ inline void AdagradMomentum(const RowArgs& a, const AdagradMomentumHyper& h) {
   }
 }
 
-// Reconstruction (TF publishes only the parameters' meaning, spec 5.4).
+// Reconstruction (TF publishes only the parameters' meaning,
+// docs/tpu_embedding_semantics.md §5.4).
 inline void BoundedAdagrad(const RowArgs& a, const BoundedAdagradHyper& h) {
   float* acc = a.s[0];
   for (int d = 0; d < a.dim; ++d) {
@@ -218,7 +219,8 @@ inline void Adadelta(const RowArgs& a, const AdadeltaHyper& h) {
   }
 }
 
-// Reconstruction (spec 5.13): FTRL whose accumulator is Yogi's second moment.
+// Reconstruction (docs/tpu_embedding_semantics.md §5.13): FTRL whose
+// accumulator is Yogi's second moment.
 inline void OnlineYogi(const RowArgs& a, const OnlineYogiHyper& h) {
   float *v = a.s[0], *z = a.s[1];
   for (int d = 0; d < a.dim; ++d) {
@@ -232,7 +234,7 @@ inline void OnlineYogi(const RowArgs& a, const OnlineYogiHyper& h) {
   }
 }
 
-// Reconstruction (spec 5.14): Yogi with proximal L1/L2.
+// Reconstruction (docs/tpu_embedding_semantics.md §5.14): Yogi with proximal L1/L2.
 inline void ProximalYogi(const RowArgs& a, const ProximalYogiHyper& h) {
   float *v = a.s[0], *m = a.s[1];
   for (int d = 0; d < a.dim; ++d) {
@@ -245,7 +247,8 @@ inline void ProximalYogi(const RowArgs& a, const ProximalYogiHyper& h) {
   }
 }
 
-// The "learning rate" carries the global step (spec 5.15); the gradient is
+// The "learning rate" carries the global step
+// (docs/tpu_embedding_semantics.md §5.15); the gradient is
 // ignored.  Parameters hold the estimated delta D.
 inline void FrequencyEstimator(const RowArgs& a, const FrequencyEstimatorHyper& h) {
   float* last = a.s[0];
@@ -267,7 +270,8 @@ inline void Lion(const RowArgs& a, const LionHyper& h) {
   }
 }
 
-// Reconstruction (the proto's text is inconsistent, spec 5.18): the id's
+// Reconstruction (the proto's text is inconsistent,
+// docs/tpu_embedding_semantics.md §5.18): the id's
 // frequency estimate is counter / step; rarer ids get a larger step,
 // lr_scale = min((step / counter)^probability_exponent, max_lr_multiplier).
 inline void FrequencyAwareAdagrad(const RowArgs& a, const FrequencyAwareAdagradHyper& h) {

@@ -15,7 +15,7 @@ nor the op library is imported) and writes
   ``opt::<Name>(const RowArgs&, const <Name>Hyper&)`` of
   ``core/optimizers.h``.
 
-Both files are checked in; ``tests/test_gen_optimizers.py`` regenerates them
+Both files are checked in; ``tests/ops/test_gen_optimizers.py`` regenerates them
 and fails on any difference.
 """
 import argparse

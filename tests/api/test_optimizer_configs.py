@@ -2,7 +2,7 @@
 
 For each generated class (the optimizers TF's Python API lacks): the
 OptimizationParameters it writes (against hand-written protos using the
-field names of optimization_parameters.proto / kernels/optimizers.h),
+field names of optimization_parameters.proto / core/optimizers.h),
 defaults, every validation error, slot names and initial values against the
 C++ registry (Load op OpDef inputs; slots of a freshly configured engine),
 ``_create_slots`` with and without ``slot_variable_creation_fn``, and

@@ -6,7 +6,7 @@ generated wrappers only see the OpDef, so any drift from TF's signature
 (an input renamed, a default changed, a constraint dropped, statefulness lost)
 is a compatibility bug.  These tests compare the two OpDefs field by field.
 They also check that the Python optimizer table (tf_tpu_emb/optimizers.py)
-matches the C++ registry (kernels/optimizers.h), which is only observable
+matches the C++ registry (core/optimizers.h), which is only observable
 through the OpDefs and shapes the library registers.
 """
 import inspect
