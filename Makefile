@@ -7,10 +7,10 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PIP     = $(PY) -m pip
 TF_REQ ?= tensorflow-cpu==2.21.0
-SRCS    = $(wildcard ops/*.cc kernels/*.cc kernels/*.h) setup.py
+SRCS    = $(wildcard ops/*.cc engine/*.cc kernels/*.cc core/*.h engine/*.h kernels/*.h) setup.py
 PYTEST_ARGS ?=
 
-.PHONY: all venv build test demo movielens bench bazel-check bazel-install clean
+.PHONY: all venv build test cpp-test demo movielens bench bazel-check bazel-install clean
 
 all: build
 
@@ -29,8 +29,13 @@ $(VENV)/.built: $(VENV)/.deps $(SRCS)
 
 build: $(VENV)/.built
 
+# The suite includes the C++ unit tests (tests/cpp/test_cpp_units.py builds
+# and runs them); `make cpp-test` runs only those.
 test: build
 	cd $(CURDIR) && $(VENV)/bin/pytest -q $(PYTEST_ARGS)
+
+cpp-test: build
+	$(PY) tests/cpp/build.py --run
 
 demo: build
 	$(PY) -m tf_tpu_emb.demo

@@ -22,10 +22,15 @@ from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# Same sources as the Bazel BUILD: every translation unit of ops/ and kernels/.
-SOURCES = sorted(os.path.relpath(p, HERE) for d in ("ops", "kernels")
+# Same sources as the Bazel BUILD: every translation unit of ops/ (op
+# definitions), engine/ (the CPU engine) and kernels/ (op glue); core/ is
+# header-only.  Includes are repository-relative ("core/config.h").
+SOURCE_DIRS = ("ops", "engine", "kernels")
+HEADER_DIRS = ("core", "engine", "kernels")
+SOURCES = sorted(os.path.relpath(p, HERE) for d in SOURCE_DIRS
                  for p in glob.glob(os.path.join(HERE, d, "*.cc")))
-HEADERS = sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, "kernels", "*.h")))
+HEADERS = sorted(os.path.relpath(p, HERE) for d in HEADER_DIRS
+                 for p in glob.glob(os.path.join(HERE, d, "*.h")))
 LIB_NAME = "tf_tpu_emb._tf_tpu_emb_ops"
 
 _FLAGS_SCRIPT = r"""
@@ -64,30 +69,38 @@ def tf_build_flags():
     return info, cflags, lflags
 
 
+def compiler_and_flags():
+    """(compiler command, compile flags, link flags, TF build info) for code
+    compiled against the installed TensorFlow: the op library here, the C++
+    unit tests (tests/cpp/build.py) with the same flags."""
+    info, cflags, lflags = tf_build_flags()
+    cxx = os.environ.get("CXX", "g++").split()
+    if shutil.which("ccache") and "ccache" not in cxx[0]:
+        cxx = ["ccache"] + cxx
+    # -fno-math-errno: lets sqrt vectorise in the optimizer row updates.
+    opt = ["-O3", "-DNDEBUG", "-fno-math-errno"]
+    if os.environ.get("TF_TPU_EMB_NATIVE", "1") != "0":
+        # The library is built on the machine that runs it (source install),
+        # so the embedding loops may use every vector unit it has.
+        opt.append("-march=native")
+    common = cflags + opt + [
+        "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wundef",
+        "-Wno-unused-parameter", "-Wno-sign-compare",
+        "-Wno-interference-size", "-Wno-deprecated-declarations", "-I", HERE]
+    return cxx, common, lflags, info
+
+
 class TFBuildExt(build_ext):
     def get_ext_filename(self, ext_name):
         return os.path.join(*ext_name.split(".")) + ".so"
 
     def build_extension(self, ext):
-        info, cflags, lflags = tf_build_flags()
-        cxx = os.environ.get("CXX", "g++").split()
-        if shutil.which("ccache") and "ccache" not in cxx[0]:
-            cxx = ["ccache"] + cxx
-        # -fno-math-errno: lets sqrt vectorise in the optimizer row updates.
-        opt = ["-O3", "-DNDEBUG", "-fno-math-errno"]
-        if os.environ.get("TF_TPU_EMB_NATIVE", "1") != "0":
-            # The library is built on the machine that runs it (source install),
-            # so the embedding loops may use every vector unit it has.
-            opt.append("-march=native")
-        common = cflags + opt + [
-            "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wundef",
-            "-Wno-unused-parameter", "-Wno-sign-compare",
-            "-Wno-interference-size", "-Wno-deprecated-declarations", "-I", HERE]
+        cxx, common, lflags, info = compiler_and_flags()
         objdir = os.path.join(self.build_temp, "objs")
         os.makedirs(objdir, exist_ok=True)
 
         def compile_one(src):
-            obj = os.path.join(objdir, os.path.basename(src) + ".o")
+            obj = os.path.join(objdir, src.replace(os.sep, "_") + ".o")
             cmd = cxx + common + ["-c", os.path.join(HERE, src), "-o", obj]
             print(" ".join(cmd), flush=True)
             subprocess.run(cmd, check=True)
@@ -111,16 +124,19 @@ class TFBuildExt(build_ext):
                 f.write(text)
 
 
-setup(
-    name="tf_tpu_emb",
-    version="0.1.0",
-    description="TensorFlow's TPU embedding ops, engine and APIs, running on CPU",
-    packages=find_packages(include=["tf_tpu_emb", "tf_tpu_emb.*"]),
-    ext_modules=[Extension(LIB_NAME, sources=SOURCES, depends=HEADERS)],
-    cmdclass={"build_ext": TFBuildExt},
-    python_requires=">=3.9",
-    install_requires=["numpy"],
-    extras_require={"tensorflow": ["tensorflow>=2.21,<2.22"],
-                    "tensorflow-cpu": ["tensorflow-cpu>=2.21,<2.22"]},
-    zip_safe=False,
-)
+# Guarded so that tests/cpp/build.py can import this file for
+# compiler_and_flags() (pip runs it as __main__).
+if __name__ == "__main__":
+    setup(
+        name="tf_tpu_emb",
+        version="0.1.0",
+        description="TensorFlow's TPU embedding ops, engine and APIs, running on CPU",
+        packages=find_packages(include=["tf_tpu_emb", "tf_tpu_emb.*"]),
+        ext_modules=[Extension(LIB_NAME, sources=SOURCES, depends=HEADERS)],
+        cmdclass={"build_ext": TFBuildExt},
+        python_requires=">=3.9",
+        install_requires=["numpy"],
+        extras_require={"tensorflow": ["tensorflow>=2.21,<2.22"],
+                        "tensorflow-cpu": ["tensorflow-cpu>=2.21,<2.22"]},
+        zip_safe=False,
+    )

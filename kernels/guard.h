@@ -7,35 +7,11 @@
 #ifndef TF_TPU_EMB_KERNELS_GUARD_H_
 #define TF_TPU_EMB_KERNELS_GUARD_H_
 
-#include <exception>
-#include <new>
-#include <stdexcept>
-#include <string>
-
 #include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
+#include "engine/exceptions.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
 namespace tf_tpu_emb {
-
-// Runs fn(); an exception it throws becomes the returned status.
-template <typename Fn>
-absl::Status CatchExceptions(const std::string& op, Fn&& fn) {
-  try {
-    fn();
-    return absl::OkStatus();
-  } catch (const std::bad_alloc& e) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(op, ": out of memory (", e.what(), ")"));
-  } catch (const std::length_error& e) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(op, ": a buffer would exceed its maximum size (", e.what(), ")"));
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat(op, ": unexpected C++ exception: ", e.what()));
-  } catch (...) {
-    return absl::InternalError(absl::StrCat(op, ": unexpected C++ exception"));
-  }
-}
 
 template <typename Kernel>
 class Guarded : public Kernel {

@@ -1,5 +1,12 @@
-"""Shared pytest setup: quiet TensorFlow's C++ logging and load the op library once."""
+"""Shared pytest setup for tests/<layer>/: the shared helpers on sys.path, TensorFlow's
+C++ logging quiet, the op library loaded once."""
 import os
+import sys
+
+# Shared helpers (engine_util, optimizer_reference, mid_level_common, the
+# child-process harness) live in tests/common; tests of every layer
+# (tests/<layer>/) import them by name.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "common"))
 
 # Must happen before anything imports tensorflow (test modules are imported
 # after this file).

@@ -1,7 +1,7 @@
 """Who owns this process's engine: the one registry on the Python side.
 
 The C++ engine is process-global (configured by ``ConfigureTPUEmbedding``,
-removed by ``ShutdownTPUEmbedding``; see kernels/engine.h).  On the Python side
+removed by ``ShutdownTPUEmbedding``; see engine/engine.h).  On the Python side
 exactly one object configures it at a time -- a
 :class:`tf_tpu_emb.TPUEmbedding` -- and a front end may hold that object on
 the user's behalf (the Keras ``TPUEmbeddingLayer``).  This module records

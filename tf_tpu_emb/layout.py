@@ -1,5 +1,5 @@
 """Where every lookup sits in the engine's outputs: the one home, on the
-Python side, of "config -> output shapes" (C++: kernels/config.h).
+Python side, of "config -> output shapes" (C++: core/config.h).
 
 * :func:`output_shape` -- TF's mid-level rule from an input's shape to its
   feature's activation shape (used by :class:`tf_tpu_emb.TPUEmbedding` and

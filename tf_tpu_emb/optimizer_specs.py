@@ -7,14 +7,14 @@ field drives both languages:
   lacks, their argument validation and docstrings, the proto they write, and
   the Load/Retrieve op wrappers of :mod:`tf_tpu_emb.ops`.
 * C++: ``tools/gen_optimizers.py`` turns this module into the checked-in
-  ``kernels/optimizer_table.gen.h`` -- one named hyper-parameter struct per
+  ``core/optimizer_table.gen.h`` -- one named hyper-parameter struct per
   optimizer, its proto reader, its dynamic inputs, its slots' initial values,
-  its laziness and the ``AllOptimizers()`` table.  ``tests/test_gen_optimizers.py``
+  its laziness and the ``AllOptimizers()`` table.  ``tests/ops/test_gen_optimizers.py``
   regenerates the header and fails when it differs from the checked-in one.
 
 Only the update formulas are written by hand: one C++ function per optimizer
-in ``kernels/optimizers.h`` (taking the generated struct) and one numpy
-reference in ``tests/optimizer_reference.py``.  Adding an optimizer is one
+in ``core/optimizers.h`` (taking the generated struct) and one numpy
+reference in ``tests/common/optimizer_reference.py``.  Adding an optimizer is one
 entry here, one formula there and one reference; see ARCHITECTURE.md.
 
 This module imports neither TensorFlow nor the op library.

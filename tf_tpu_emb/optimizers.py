@@ -1,13 +1,13 @@
 """Optimizer classes and table descriptors, generated from the single
 optimizer source :mod:`tf_tpu_emb.optimizer_specs` (which also generates the
-C++ table ``kernels/optimizer_table.gen.h``).
+C++ table ``core/optimizer_table.gen.h``).
 
 For the optimizers TensorFlow's Python API lacks, each
 :class:`~tf_tpu_emb.optimizer_specs.OptimizerInfo` entry with a
 ``class_name`` becomes a class here: its hyper-parameters (argument name,
 proto field, default, validation), cross-argument checks and the update
-formula for the docstring.  ``tests/test_op_defs.py`` checks the registered
-OpDefs against the source; ``tests/test_optimizer_configs.py`` checks the
+formula for the docstring.  ``tests/ops/test_op_defs.py`` checks the registered
+OpDefs against the source; ``tests/api/test_optimizer_configs.py`` checks the
 generated classes.  The spec's names (``OPTIMIZERS``, ``BY_PROTO_FIELD``,
 ``OptimizerInfo``, ``Hyper``, ...) stay importable from here.
 

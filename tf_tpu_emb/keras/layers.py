@@ -64,7 +64,7 @@ the engine when assigned eagerly (``set_weights``, ``load_weights``,
 mirrors *are* the tables (the engine starts from them).
 
 **Functional API inputs** (``keras.Input`` per feature, in the feature config's
-structure, nested dicts included), all checked in ``tests/test_keras_layer.py``:
+structure, nested dicts included), all checked in ``tests/keras/test_keras_layer.py``:
 
 * dense ids, one per sample: ``shape=()`` (``[B]``, int32 or int64),
   ``shape=(1,)`` (``[B, 1]``) or ``shape=(k, 1)`` (``[B, k]`` positions);

@@ -1,0 +1,61 @@
+// The embedding bag: out = combiner(sum_k w_k * E[id_k]).  Shared by the
+// engine's Recv, its backward pass and the standalone EmbeddingBag op
+// (TPUEmbeddingV0), so the three agree on the combiner arithmetic.
+#ifndef TF_TPU_EMB_CORE_BAG_H_
+#define TF_TPU_EMB_CORE_BAG_H_
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace tf_tpu_emb {
+
+enum class Combiner : uint8_t { kSum, kMean, kSqrtn };
+
+// The combiner's normaliser 1/N from the bag's sum of weights and sum of
+// squared weights: 1 (sum), 1/sum w (mean), 1/sqrt(sum w^2) (sqrtn); 0 when
+// the denominator is 0 (TF's div_no_nan; the op docs call such bags invalid).
+inline float CombinerScale(Combiner c, float sum_w, float sum_w2) {
+  if (c == Combiner::kMean) return sum_w != 0 ? 1.0f / sum_w : 0.0f;
+  if (c == Combiner::kSqrtn) return sum_w2 != 0 ? 1.0f / std::sqrt(sum_w2) : 0.0f;
+  return 1.0f;
+}
+
+// The same for the weights w[0..n) (nullptr: every weight is 1).
+inline float BagScale(Combiner c, const float* w, int64_t n) {
+  float sum_w = 0, sum_w2 = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    const float wk = w ? w[k] : 1.0f;
+    sum_w += wk;
+    sum_w2 += wk * wk;
+  }
+  return CombinerScale(c, sum_w, sum_w2);
+}
+
+// out[0..dim) = combiner(sum_k w_k * transform(base[ids[k] * dim + d])) for
+// one bag of n ids; rows are prefetched a few ids ahead.
+template <bool kWeighted, typename Id, typename Transform>
+inline void ReduceBag(const float* base, int dim, const Id* ids, const float* w, int64_t n,
+                      Combiner combiner, float* out, Transform transform) {
+  std::memset(out, 0, sizeof(float) * dim);
+  float sum_w = 0, sum_w2 = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    if (k + 4 < n) {
+      const char* ahead = reinterpret_cast<const char*>(base + int64_t{ids[k + 4]} * dim);
+      for (int b = 0; b < dim * 4; b += 64) __builtin_prefetch(ahead + b);
+    }
+    const float* row = base + int64_t{ids[k]} * dim;
+    const float wk = kWeighted ? w[k] : 1.0f;
+    sum_w += wk;
+    sum_w2 += wk * wk;
+    for (int d = 0; d < dim; ++d) out[d] += wk * transform(row[d]);
+  }
+  const float scale = CombinerScale(combiner, sum_w, sum_w2);
+  if (scale != 1.0f) {
+    for (int d = 0; d < dim; ++d) out[d] *= scale;
+  }
+}
+
+}  // namespace tf_tpu_emb
+
+#endif  // TF_TPU_EMB_CORE_BAG_H_

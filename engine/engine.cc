@@ -1,0 +1,315 @@
+#include "engine/engine.h"
+
+// Engine lifecycle: the process registry (Current/Install/Shutdown) and
+// configure (Init: validate and complete the config, check the memory
+// budget, allocate tables and slots, fix every per-table setting).
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "tensorflow/core/platform/errors.h"
+
+namespace tf_tpu_emb {
+
+// --------------------------------------------------------- engine registry
+
+namespace {
+std::mutex g_registry_mu;
+Engine* g_engine = nullptr;  // owns one reference
+}  // namespace
+
+absl::Status Engine::Current(const std::string& op, Engine** engine) {
+  std::lock_guard<std::mutex> lock(g_registry_mu);
+  if (g_engine == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        op, ": the TPU embedding engine is not configured; run "
+            "ConfigureTPUEmbedding first"));
+  }
+  g_engine->Ref();
+  *engine = g_engine;
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Install(std::unique_ptr<Engine> engine) {
+  std::lock_guard<std::mutex> lock(g_registry_mu);
+  if (g_engine != nullptr) {
+    return absl::FailedPreconditionError(
+        "ConfigureTPUEmbedding: the TPU embedding engine is already "
+        "configured; run ShutdownTPUEmbedding before configuring it again");
+  }
+  g_engine = engine.release();
+  return absl::OkStatus();
+}
+
+bool Engine::IsConfigured() {
+  std::lock_guard<std::mutex> lock(g_registry_mu);
+  return g_engine != nullptr;
+}
+
+void Engine::Shutdown() {
+  Engine* old;
+  {
+    std::lock_guard<std::mutex> lock(g_registry_mu);
+    old = g_engine;
+    g_engine = nullptr;
+  }
+  // Kernels still running hold their own references.
+  if (old != nullptr) {
+    old->CancelWaits("ShutdownTPUEmbedding ran while this op waited");
+    old->Unref();
+  }
+}
+
+std::string Engine::DebugString() const {
+  return absl::StrCat("tf_tpu_emb engine with ", tables_.size(), " tables, ",
+                      outputs_.size(), " outputs, ", num_replicas_, " replicas");
+}
+
+int Engine::FindTable(const std::string& name) const {
+  for (int t = 0; t < static_cast<int>(tables_.size()); ++t) {
+    if (tables_[t].name == name) return t;
+  }
+  return -1;
+}
+
+bool Engine::training_by_default() const {
+  return config_.mode() != TPUEmbeddingConfiguration::INFERENCE;
+}
+
+// ---------------------------------------------------------------- creation
+
+absl::Status Engine::Create(const std::string& config_bytes,
+                            std::unique_ptr<Engine>* engine) {
+  std::unique_ptr<Engine> e(new Engine());
+  TF_RETURN_IF_ERROR(e->Init(config_bytes));
+  *engine = std::move(e);
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Collects the OptimizerDynamicInput tags of a table: its learning rate and
+// its optimizer's other dynamic inputs.
+void CollectDynamicTags(const OptimizationParameters& p, const OptimizerSpec& spec,
+                        std::set<int>* tags) {
+  if (p.learning_rate().has_dynamic()) tags->insert(p.learning_rate().dynamic().tag());
+  std::vector<int> extra;
+  spec.dynamic_tags(p, &extra);
+  tags->insert(extra.begin(), extra.end());
+}
+
+// Reads the first integer after `key` in a /proc or /sys file; -1 if absent.
+int64_t ReadNumber(const char* path, const std::string& key = "") {
+  std::FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return -1;
+  char line[256];
+  int64_t value = -1;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    if (key.empty() || std::strncmp(line, key.c_str(), key.size()) == 0) {
+      char* end = nullptr;
+      const long long v = std::strtoll(line + key.size(), &end, 10);
+      if (end != line + key.size()) value = v;  // "max" (no cgroup limit) stays -1
+      break;
+    }
+  }
+  std::fclose(f);
+  return value;
+}
+
+// Bytes the tables may take: TF_TPU_EMB_MEMORY_LIMIT_BYTES when set, else
+// the smaller of MemAvailable and the room left under a cgroup (v2 or v1)
+// memory limit; -1 when nothing is known.  `source` says which.
+absl::Status MemoryBudget(int64_t* budget, std::string* source) {
+  if (const char* env = std::getenv("TF_TPU_EMB_MEMORY_LIMIT_BYTES"); env && *env) {
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(env, &end, 10);
+    if (*end != '\0' || errno != 0 || v < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "TF_TPU_EMB_MEMORY_LIMIT_BYTES must be a non-negative integer number of "
+          "bytes, got '", env, "'"));
+    }
+    *budget = v;
+    *source = "TF_TPU_EMB_MEMORY_LIMIT_BYTES";
+    return absl::OkStatus();
+  }
+  *budget = -1;
+  const int64_t kib = ReadNumber("/proc/meminfo", "MemAvailable:");
+  if (kib >= 0) {
+    *budget = kib * 1024;
+    *source = "MemAvailable in /proc/meminfo";
+  }
+  const std::pair<const char*, const char*> cgroups[] = {
+      {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
+      {"/sys/fs/cgroup/memory/memory.limit_in_bytes",
+       "/sys/fs/cgroup/memory/memory.usage_in_bytes"}};
+  for (const auto& [limit_path, usage_path] : cgroups) {
+    const int64_t limit = ReadNumber(limit_path), usage = ReadNumber(usage_path);
+    if (limit < 0 || usage < 0) continue;
+    const int64_t room = std::max<int64_t>(0, limit - usage);
+    if (*budget < 0 || room < *budget) {
+      *budget = room;
+      *source = absl::StrCat("the cgroup memory limit (", limit_path, " minus usage)");
+    }
+    break;
+  }
+  return absl::OkStatus();
+}
+
+// ResourceExhausted, before anything is allocated, when the tables and
+// their optimizer slots need more bytes than the memory budget.
+absl::Status CheckMemoryBudget(const TPUEmbeddingConfiguration& config) {
+  std::vector<std::pair<int64_t, int>> bytes;  // (bytes, table)
+  int64_t total = 0;
+  for (int t = 0; t < config.table_descriptor_size(); ++t) {
+    absl::StatusOr<int64_t> b = TableStateBytes(config, t);
+    if (!b.ok()) return b.status();
+    if (!CheckedAdd(total, *b, &total)) {
+      return absl::InvalidArgumentError(
+          "the tables' total size in bytes overflows int64");
+    }
+    bytes.push_back({*b, t});
+  }
+  int64_t budget = -1;
+  std::string source;
+  TF_RETURN_IF_ERROR(MemoryBudget(&budget, &source));
+  if (budget < 0 || total <= budget) return absl::OkStatus();
+  std::sort(bytes.begin(), bytes.end(), std::greater<>());
+  std::string largest;
+  for (size_t i = 0; i < std::min<size_t>(3, bytes.size()); ++i) {
+    absl::StrAppend(&largest, i ? ", " : "", "'",
+                    config.table_descriptor(bytes[i].second).name(), "' ", bytes[i].first);
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "ConfigureTPUEmbedding: the tables and their optimizer slots need ", total,
+      " bytes but the memory budget is ", budget, " bytes (", source,
+      "); largest tables (bytes): ", largest,
+      ". Set TF_TPU_EMB_MEMORY_LIMIT_BYTES to change the budget."));
+}
+
+}  // namespace
+
+absl::Status Engine::Init(const std::string& config_bytes) {
+  if (config_bytes.empty()) {
+    return absl::InvalidArgumentError("TPU embedding config is empty.");
+  }
+  TF_RETURN_IF_ERROR(ParseConfig(config_bytes, &config_));
+  table_mode_ = config_.feature_descriptor_size() == 0;
+  TF_RETURN_IF_ERROR(CompleteConfig(&config_));
+  TF_RETURN_IF_ERROR(ValidateConfig(config_));
+  if (config_.mode() == TPUEmbeddingConfiguration::UNSPECIFIED) {
+    return absl::InvalidArgumentError(
+        "TPUEmbeddingConfiguration.mode is INVALID.  Must be INFERENCE, "
+        "TRAINING, or BACKWARD_PASS_ONLY");
+  }
+  if (SpmdMultipliesOutputs(config_) && config_.spmd_sharding().num_cores_per_replica() != 1) {
+    return absl::UnimplementedError(absl::StrCat(
+        "spmd_sharding with num_cores_per_replica ",
+        config_.spmd_sharding().num_cores_per_replica(),
+        " is not supported by tf_tpu_emb's CPU engine (use 1 core per replica)"));
+  }
+  num_replicas_ = std::max(1, config_.num_tensor_cores());
+
+  std::set<int> tags;
+  std::set<std::string> names;
+  tables_.resize(config_.table_descriptor_size());
+  for (int t = 0; t < config_.table_descriptor_size(); ++t) {
+    const auto& desc = config_.table_descriptor(t);
+    const std::string label = TableLabel(config_, t);
+    if (!desc.name().empty() && !names.insert(desc.name()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("two tables are named '", desc.name(), "'"));
+    }
+    const OptimizationParameters& p = desc.optimization_parameters();
+    const OptimizerSpec* spec = FindOptimizer(p.parameters_case());
+    if (spec == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(label, ": No optimization algorithm specified"));
+    }
+    if (!spec->implemented) {
+      return absl::UnimplementedError(absl::StrCat(
+          label, " uses the ", spec->proto_field,
+          " optimizer, which tf_tpu_emb does not implement"));
+    }
+    if (p.learning_rate().has_dynamic() && p.learning_rate().dynamic().tag() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          label, " has a negative dynamic learning rate tag ",
+          p.learning_rate().dynamic().tag()));
+    }
+    CollectDynamicTags(p, *spec, &tags);
+    Table& table = tables_[t];
+    table.name = desc.name();
+    table.vocabulary_size = desc.vocabulary_size();
+    table.dimension = desc.dimension();
+    table.params = p;
+    table.optimizer = spec;
+    table.update = ReadUpdateSettings(p, *spec);
+    if (!table.update.has_learning_rate && table_without_learning_rate_ < 0) {
+      table_without_learning_rate_ = t;
+    }
+    TF_RETURN_IF_ERROR(StateVariableNames(p, &table.state_names));
+    absl::StatusOr<Quantization> q = TableQuantization(p, label);
+    if (!q.ok()) return q.status();
+    table.quantize = q->enabled;
+    table.quant_lower = q->lower;
+    table.quant_upper = q->upper;
+    table.quant_step = q->step;
+  }
+  // Dynamic inputs are addressed by tag: tags must be exactly 0..n-1.
+  int expected = 0;
+  for (int tag : tags) {
+    if (tag != expected++) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dynamic learning rate tags must be 0, 1, ..., n-1 without gaps; "
+          "tag ", expected - 1, " is not used"));
+    }
+  }
+
+  for (const auto& f : config_.feature_descriptor()) {
+    OutputSpec out;
+    out.table = f.table_id();
+    out.shape.assign(f.input_shape().begin(), f.input_shape().end());
+    out.positions = 1;
+    for (int64_t d : out.shape) out.positions *= d;  // bounded by ValidateConfig
+    std::vector<int64_t> dims = out.shape;
+    dims.push_back(tables_[out.table].dimension);
+    TF_RETURN_IF_ERROR(::tensorflow::TensorShapeUtils::MakeShape(dims, &out.recv_shape));
+    outputs_.push_back(std::move(out));
+  }
+
+  TF_RETURN_IF_ERROR(CheckMemoryBudget(config_));
+  for (Table& table : tables_) {
+    const int64_t n = table.vocabulary_size * table.dimension;  // bounded by ValidateConfig
+    auto params = std::make_unique<FloatBuffer>();
+    TF_RETURN_IF_ERROR(params->Allocate(n, 0.0f));
+    table.state.push_back(std::move(params));
+    float init[kMaxSlots];
+    table.optimizer->slot_init(table.params, init);
+    for (size_t i = 0; i < table.optimizer->slots.size(); ++i) {
+      auto buf = std::make_unique<FloatBuffer>();
+      TF_RETURN_IF_ERROR(buf->Allocate(n, init[i]));
+      table.state.push_back(std::move(buf));
+    }
+    if (table.update.non_lazy) table.touched.assign(table.vocabulary_size, 0);
+  }
+  queues_.resize(num_replicas_);
+  in_flight_.resize(num_replicas_);
+  in_flight_state_.assign(num_replicas_, kNoBatch);
+  parts_.resize(num_replicas_);
+  step_errors_.resize(num_replicas_);
+  num_dynamic_ = tags.size();
+  pipelined_ = config_.pipeline_execution_with_tensor_core();
+  absl::StatusOr<double> timeout = StepBarrier::TimeoutFromEnvironment();
+  if (!timeout.ok()) return timeout.status();
+  step_barrier_.set_timeout_seconds(*timeout);
+  const char* check = std::getenv("TF_TPU_EMB_CHECK_NUMERICS");
+  check_numerics_ = check != nullptr && (std::string(check) == "1" || std::string(check) == "true");
+  return absl::OkStatus();
+}
+
+}  // namespace tf_tpu_emb

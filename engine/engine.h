@@ -1,0 +1,154 @@
+// The CPU embedding engine: tables + optimizer slots, per-replica queues of
+// enqueued batches, the fused lookup that RecvTPUEmbeddingActivations runs
+// and the backward step SendTPUEmbeddingGradients completes.  One engine per
+// process (see Engine::Current): with MirroredStrategy over N logical CPU
+// devices every replica's kernels run on a different device, so a per-device
+// ResourceMgr could not give them one shared engine.
+//
+// Where each part lives: engine.cc (lifecycle, the process registry,
+// configure), table.{h,cc} (storage, update settings, shard copy), step.cc
+// (queues, in-flight batches, the step protocol and its StepBarrier),
+// lookup.cc (forward), apply.cc (backward), input_mappers.{h,cc} and
+// feature_batch_mapper.cc over mapper_base.h (enqueue inputs -> Batch).
+#ifndef TF_TPU_EMB_ENGINE_ENGINE_H_
+#define TF_TPU_EMB_ENGINE_ENGINE_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/config.h"
+#include "engine/batch.h"
+#include "engine/step_barrier.h"
+#include "engine/table.h"
+#include "tensorflow/core/framework/resource_base.h"
+#include "tensorflow/core/framework/tensor.h"
+
+namespace tsl {
+namespace thread {
+class ThreadPool;
+}  // namespace thread
+}  // namespace tsl
+
+namespace tf_tpu_emb {
+
+
+class Engine : public ::tensorflow::ResourceBase {
+ public:
+  // Validates and completes `config_bytes` and allocates every table.
+  static absl::Status Create(const std::string& config_bytes,
+                             std::unique_ptr<Engine>* engine);
+
+  // The configured engine of this process (with a reference the caller
+  // owns), or FailedPrecondition naming `op` when there is none.
+  static absl::Status Current(const std::string& op, Engine** engine);
+  // Installs `engine`; FailedPrecondition when one is already configured.
+  static absl::Status Install(std::unique_ptr<Engine> engine);
+  static bool IsConfigured();
+  // Uninstalls the engine and cancels its waits (a Recv waiting for other
+  // replicas returns Cancelled); kernels still running keep their reference.
+  static void Shutdown();
+
+  std::string DebugString() const override;
+
+  const TPUEmbeddingConfiguration& config() const { return config_; }
+  bool table_mode() const { return table_mode_; }
+  int num_replicas() const { return num_replicas_; }
+  int num_tables() const { return tables_.size(); }
+  const std::vector<OutputSpec>& outputs() const { return outputs_; }
+  Table& table(int t) { return tables_[t]; }
+  const Table& table(int t) const { return tables_[t]; }
+  // The config's sharding_strategy is MOD (else DIV_DEFAULT): Load/Retrieve's
+  // shard row mapping (CopyShard).
+  bool mod_sharding() const {
+    return config_.sharding_strategy() == TPUEmbeddingConfiguration::MOD;
+  }
+  // Index of the table called `name`, or -1.
+  int FindTable(const std::string& name) const;
+  bool training_by_default() const;
+
+  // Guards table contents: lookups share it, Load/Send hold it exclusively.
+  std::shared_mutex& tables_mutex() { return tables_mu_; }
+
+  void Enqueue(int replica, Batch batch);
+  // Pops the oldest batch of `replica`; FailedPrecondition when none.
+  absl::Status Dequeue(int replica, Batch* batch);
+  // Recv keeps each replica's last batch: the backward pass
+  // (SendTPUEmbeddingGradients) needs its ids, weights and combiners.
+  void SetInFlight(int replica, Batch batch);
+
+  // ------------------------------------------------------- training step
+  // Number of dynamic inputs (learning-rate tags) Send must receive.
+  int num_dynamic_inputs() const { return num_dynamic_; }
+  // The first table whose optimization_parameters have no learning_rate
+  // (Send refuses to train it), or -1.
+  int table_without_learning_rate() const { return table_without_learning_rate_; }
+  // Validate Send's gradients for NaN/Inf (off by default, as on TPU; set
+  // TF_TPU_EMB_CHECK_NUMERICS=1 before configure).
+  bool check_numerics() const { return check_numerics_; }
+  // Hands in replica's gradients for its in-flight batch.  When every
+  // replica has sent, the step's update runs (before this returns) over the
+  // global batch: per row, the sum of all contributions, then gradient
+  // clipping, the optimizer, weight decay and weight clipping.  A C++
+  // exception while the update runs (an allocation failing) propagates to
+  // the kernel's guard; the step is over, rows updated before it keep their
+  // update, and waiting Recvs are released.
+  absl::Status Submit(int replica, std::vector<::tensorflow::Tensor> gradients,
+                      const std::vector<float>& dynamic_inputs,
+                      ::tsl::thread::ThreadPool* pool);
+  // Fails the current step for every replica (a replica's Send was invalid):
+  // parts already handed in are dropped and waiting Recvs get the error.
+  void AbortStep(const std::string& reason);
+  // Recv calls this first: unless the config pipelines execution, it waits
+  // until the step this replica sent gradients for has been applied: at most
+  // the step barrier's timeout (DeadlineExceeded naming the replicas that
+  // never sent), Cancelled when the engine is shut down meanwhile.
+  absl::Status WaitForStep(int replica);
+  // Ends every wait of this engine with Cancelled(reason).
+  void CancelWaits(const std::string& reason);
+
+  // The fused multi-output lookup: out[o] is float[positions_o * dim_o].
+  void Lookup(const Batch& batch, const std::vector<float*>& out,
+              ::tsl::thread::ThreadPool* pool);
+
+ private:
+  Engine() = default;
+  absl::Status Init(const std::string& config_bytes);
+
+  TPUEmbeddingConfiguration config_;  // completed (feature descriptors filled)
+  bool table_mode_ = false;  // the user's config had no feature descriptors
+  int num_replicas_ = 1;
+  std::vector<Table> tables_;
+  std::vector<OutputSpec> outputs_;
+  std::shared_mutex tables_mu_;
+
+  std::mutex queue_mu_;
+  std::vector<std::deque<Batch>> queues_;  // per replica
+  std::vector<Batch> in_flight_;           // per replica
+  // What replica r's in-flight batch is (Send accepts only a training one).
+  enum InFlight { kNoBatch, kTraining, kInference };
+  std::vector<InFlight> in_flight_state_;  // per replica
+  // The step being collected: parts_[r] is set once replica r has sent.
+  std::vector<std::unique_ptr<StepPart>> parts_;
+  int submitted_ = 0;
+  bool applying_ = false;
+  std::vector<std::string> step_errors_;   // per replica, from AbortStep
+  StepBarrier step_barrier_;  // waits on queue_mu_
+  int num_dynamic_ = 0;
+  int table_without_learning_rate_ = -1;
+  bool check_numerics_ = false;
+  bool pipelined_ = false;
+
+  void ApplyStep(const std::vector<std::unique_ptr<StepPart>>& parts,
+                 const std::vector<float>& dynamic_inputs, ::tsl::thread::ThreadPool* pool);
+};
+
+}  // namespace tf_tpu_emb
+
+#endif  // TF_TPU_EMB_ENGINE_ENGINE_H_

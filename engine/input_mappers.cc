@@ -1,0 +1,272 @@
+// The input mappers of the positional formats (IntegerBatch, SparseBatch,
+// ArbitraryTensorBatch) and the helpers every mapper shares; the
+// feature-oriented SparseTensor/RaggedTensorBatch mapper is in
+// engine/feature_batch_mapper.cc.
+#include "engine/input_mappers.h"
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/engine.h"
+#include "engine/mapper_base.h"
+
+namespace tf_tpu_emb {
+namespace mapping {
+
+// "input 2 (feature 'watched', table 'video')"
+std::string Describe(const std::string& op, const Engine& e, int input, int output) {
+  const int table = e.outputs()[output].table;
+  std::string s = absl::StrCat(op, ": input ", input, " (");
+  if (!e.table_mode()) {
+    absl::StrAppend(&s, "feature '", e.config().feature_descriptor(output).name(), "', ");
+  }
+  absl::StrAppend(&s, "table '", e.config().table_descriptor(table).name(), "')");
+  return s;
+}
+
+// Inputs are positional: input i feeds output i (a table in table mode, a
+// feature descriptor otherwise).
+absl::Status CheckPositionalCount(const std::string& op, int n, const Engine& e) {
+  if (n != static_cast<int>(e.outputs().size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": got ", n, " inputs but the config has ", e.outputs().size(),
+        e.table_mode() ? " tables" : " feature descriptors"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckWeights(Who who, const Tensor& ids, const Tensor& weights) {
+  if (weights.NumElements() != 0 && weights.NumElements() != ids.NumElements()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who(), ": aggregation_weights has ", weights.NumElements(),
+        " elements but embedding_indices has ", ids.NumElements(),
+        " (weights must be empty or one per id)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSplits(Who who, const Tensor& splits, int64_t n) {
+  const int64_t rows = splits.NumElements() - 1;
+  const IntView sv(splits);
+  if (sv[0] != 0 || sv[rows] != n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who(), ": row splits must start at 0 and end at the number of ids (", n, "), got ",
+        sv[0], " and ", sv[rows]));
+  }
+  for (int64_t b = 0; b < rows; ++b) {
+    if (sv[b + 1] < sv[b]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who(), ": row splits must be non-decreasing; split ", b + 1, " is ",
+          sv[b + 1], " after ", sv[b]));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Positions of a feature whose output has `shape` (bags laid out
+// row-major), for COO indices, row splits or dense ids (see README).
+absl::Status ArbitraryPositions(Who who, const std::vector<int64_t>& shape,
+                                const Tensor& splits, const Tensor& ids,
+                                std::vector<int64_t>* pos) {
+  const int64_t n = ids.NumElements();
+  const int r = shape.size();
+  int64_t positions = 1;
+  for (int64_t d : shape) positions *= d;
+  pos->resize(n);
+  if (splits.dims() == 2 && splits.dim_size(0) > 0) {  // COO indices
+    const int64_t cols = splits.dim_size(1);
+    if (splits.dim_size(0) != n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who(), ": sample_indices has ", splits.dim_size(0), " rows but there are ",
+          n, " embedding ids"));
+    }
+    if (cols != r && cols != r + 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who(), ": sample_indices has ", cols, " columns; the feature's input_shape has rank ",
+          r, " so ", r, " or ", r + 1, " columns are expected"));
+    }
+    const IntView idx(splits);
+    for (int64_t k = 0; k < n; ++k) {
+      int64_t p = 0;
+      for (int j = 0; j < r && p >= 0; ++j) {
+        const int64_t v = idx(k, j);
+        if (v < 0 || (j == 0 && v >= shape[0])) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              who(), ": sample index ", v, " (row ", k, ", column ", j,
+              ") is outside [0, ", shape[j], ")"));
+        }
+        p = v >= shape[j] ? -1 : p * shape[j] + v;  // past a trailing dim: truncated
+      }
+      if (cols == r + 1 && idx(k, r) < 0) {  // the position inside the bag
+        return absl::InvalidArgumentError(absl::StrCat(
+            who(), ": sample index ", idx(k, r), " (row ", k, ", column ", r,
+            ") is negative"));
+      }
+      (*pos)[k] = p;
+    }
+    return absl::OkStatus();
+  }
+  if (splits.dims() == 1 && splits.NumElements() > 0) {  // row splits
+    const int64_t rows = splits.NumElements() - 1;
+    const int64_t width = r >= 2 && rows * shape[r - 1] == positions && rows != positions
+                              ? shape[r - 1] : 1;
+    if (rows * width != positions) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who(), ": row_splits describe ", rows, " rows but the feature has ", positions,
+          " output positions", r >= 2 ? absl::StrCat(" (or ", positions / shape[r - 1],
+                                                     " sequences)") : ""));
+    }
+    TF_RETURN_IF_ERROR(CheckSplits(who, splits, n));
+    const IntView sv(splits);
+    for (int64_t b = 0; b < rows; ++b) {
+      const int64_t lo = sv[b], hi = sv[b + 1];
+      for (int64_t k = lo; k < hi; ++k) {
+        const int64_t j = k - lo;
+        (*pos)[k] = width == 1 ? b : (j < width ? b * width + j : -1);
+      }
+    }
+    return absl::OkStatus();
+  }
+  if (splits.dims() < 1 || splits.dims() > 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who(), ": sample_indices_or_row_splits must have rank 1 or 2, got rank ", splits.dims()));
+  }
+  // Empty indices: one id per output position (or no ids at all).
+  if (n != 0 && n != positions) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who(), ": without sample indices or row splits there must be one id per "
+             "output position (", positions, "), got ", n));
+  }
+  for (int64_t k = 0; k < n; ++k) (*pos)[k] = k;
+  return absl::OkStatus();
+}
+
+}  // namespace mapping
+
+absl::Status ParseCombiners(const std::string& op, const std::vector<std::string>& names,
+                            std::vector<Combiner>* combiners) {
+  combiners->clear();
+  for (const std::string& c : names) {
+    if (c != "sum" && c != "mean" && c != "sqrtn") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          op, ": Invalid combiner '", c,
+          "': only \"sum\", \"mean\", and \"sqrtn\" are supported."));
+    }
+    combiners->push_back(c == "mean" ? Combiner::kMean
+                                     : c == "sqrtn" ? Combiner::kSqrtn : Combiner::kSum);
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+using mapping::ArbitraryPositions;
+using mapping::CheckPositionalCount;
+using mapping::Describe;
+using mapping::IntView;
+using mapping::MapperBase;
+using mapping::Who;
+using ::tensorflow::Tensor;
+
+// ------------------------------------------------------------ IntegerBatch
+
+class IntegerBatchMapper : public MapperBase {
+ public:
+  explicit IntegerBatchMapper(std::string op) : MapperBase(std::move(op), {}) {}
+
+ protected:
+  absl::Status MapFeatures(const Work& w, std::vector<FeatureSource>* sources,
+                           std::vector<std::vector<Combiner>>*) const override {
+    const Engine& e = w.e;
+    const int n = w.in.ids.size();
+    TF_RETURN_IF_ERROR(CheckPositionalCount(op_, n, e));
+    sources->resize(n);
+    for (int i = 0; i < n; ++i) {
+      FeatureSource& s = (*sources)[i];
+      s.output = i;
+      s.ids = w.in.ids[i];
+      const int64_t positions = e.outputs()[i].positions;
+      if (s.ids->NumElements() != positions) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            Describe(op_, e, i, i), ": expected one id per output row (", positions, "), got ",
+            s.ids->NumElements()));
+      }
+      s.positions.resize(positions);
+      for (int64_t k = 0; k < positions; ++k) s.positions[k] = k;
+    }
+    return absl::OkStatus();
+  }
+};
+
+// ------------------------------------------------------------- SparseBatch
+
+class SparseBatchMapper : public MapperBase {
+ public:
+  SparseBatchMapper(std::string op, std::vector<Combiner> combiners)
+      : MapperBase(std::move(op), std::move(combiners)) {}
+
+ protected:
+  absl::Status MapFeatures(const Work& w, std::vector<FeatureSource>* sources,
+                           std::vector<std::vector<Combiner>>* slot_combiners) const override {
+    auto positions = [&](Who who, int i, const Tensor& idx, const Tensor& ids,
+                         std::vector<int64_t>* pos) -> absl::Status {
+      const int64_t count = ids.NumElements();
+      const int64_t rows = w.e.outputs()[i].positions;
+      if (idx.NumElements() != count) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            who(), ": sample_indices has ", idx.NumElements(), " elements but there are ",
+            count, " embedding ids"));
+      }
+      pos->resize(count);
+      const IntView iv(idx);
+      for (int64_t k = 0; k < count; ++k) {
+        const int64_t p = iv[k];
+        if (p < 0 || p >= rows) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              who(), ": sample index ", p, " at index ", k, " is outside [0, ", rows,
+              ") (batch_size * num_features rows)"));
+        }
+        (*pos)[k] = p;
+      }
+      return absl::OkStatus();
+    };
+    return MapPositional(w, /*inputs_first=*/false, positions, sources, slot_combiners);
+  }
+};
+
+// ---------------------------------------------------- ArbitraryTensorBatch
+
+class ArbitraryTensorMapper : public MapperBase {
+ public:
+  ArbitraryTensorMapper(std::string op, std::vector<Combiner> combiners)
+      : MapperBase(std::move(op), std::move(combiners)) {}
+
+ protected:
+  absl::Status MapFeatures(const Work& w, std::vector<FeatureSource>* sources,
+                           std::vector<std::vector<Combiner>>* slot_combiners) const override {
+    auto positions = [&w](Who who, int i, const Tensor& splits, const Tensor& ids,
+                          std::vector<int64_t>* pos) {
+      return ArbitraryPositions(who, w.e.outputs()[i].shape, splits, ids, pos);
+    };
+    return MapPositional(w, /*inputs_first=*/false, positions, sources, slot_combiners);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<InputMapper> InputMapper::IntegerBatch(std::string op) {
+  return std::make_unique<IntegerBatchMapper>(std::move(op));
+}
+std::unique_ptr<InputMapper> InputMapper::SparseBatch(std::string op,
+                                                      std::vector<Combiner> combiners) {
+  return std::make_unique<SparseBatchMapper>(std::move(op), std::move(combiners));
+}
+std::unique_ptr<InputMapper> InputMapper::ArbitraryTensorBatch(std::string op,
+                                                               std::vector<Combiner> combiners) {
+  return std::make_unique<ArbitraryTensorMapper>(std::move(op), std::move(combiners));
+}
+
+}  // namespace tf_tpu_emb

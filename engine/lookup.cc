@@ -1,0 +1,73 @@
+// The forward pass: the fused multi-output lookup Recv runs (one parallel
+// loop over every bag of every output; combiners and the bag arithmetic of
+// core/bag.h, simulated quantization).
+#include <algorithm>
+#include <cmath>
+
+#include "engine/engine.h"
+#include "xla/tsl/platform/threadpool.h"
+
+namespace tf_tpu_emb {
+
+// ------------------------------------------------------------------ lookup
+
+namespace {
+
+inline float Quantize(const Table& t, float x) {
+  const float c = std::min(std::max(x, t.quant_lower), t.quant_upper);
+  const float q = std::floor((c - t.quant_lower) / t.quant_step + 0.5f);
+  return q * t.quant_step + t.quant_lower;
+}
+
+}  // namespace
+
+void Engine::Lookup(const Batch& batch, const std::vector<float*>& out,
+                    ::tsl::thread::ThreadPool* pool) {
+  // Flatten every output's bags into one index space so that one ParallelFor
+  // covers all tables and features.
+  const int num_outputs = outputs_.size();
+  std::vector<int64_t> starts(num_outputs + 1, 0);
+  int64_t total_ids = 0, total_dims = 0;
+  for (int o = 0; o < num_outputs; ++o) {
+    starts[o + 1] = starts[o] + outputs_[o].positions;
+    total_ids += batch.outputs[o].ids.size();
+    total_dims += tables_[outputs_[o].table].dimension;
+  }
+  const int64_t total = starts[num_outputs];
+  if (total == 0) return;
+  const int64_t avg_dim = std::max<int64_t>(1, total_dims / std::max(1, num_outputs));
+  const int64_t cost = (1 + total_ids / total) * avg_dim * 4 + avg_dim;
+
+  auto work = [&](int64_t begin, int64_t end) {
+    int o = std::upper_bound(starts.begin(), starts.end(), begin) - starts.begin() - 1;
+    for (int64_t i = begin; i < end; ++i) {
+      while (i >= starts[o + 1]) ++o;
+      const int64_t p = i - starts[o];
+      const OutputBatch& ob = batch.outputs[o];
+      const Table& table = tables_[outputs_[o].table];
+      const int64_t lo = ob.offsets[p], n = ob.offsets[p + 1] - lo;
+      const int64_t* ids = ob.ids.data() + lo;
+      const float* w = ob.weights.empty() ? nullptr : ob.weights.data() + lo;
+      const Combiner c = ob.slot_combiners[p % ob.slot_combiners.size()];
+      float* dst = out[o] + p * table.dimension;
+      const float* base = table.state[0]->data();
+      const int dim = table.dimension;
+      if (table.quantize) {
+        auto q = [&table](float x) { return Quantize(table, x); };
+        if (w) ReduceBag<true>(base, dim, ids, w, n, c, dst, q);
+        else ReduceBag<false>(base, dim, ids, w, n, c, dst, q);
+      } else {
+        auto identity = [](float x) { return x; };
+        if (w) ReduceBag<true>(base, dim, ids, w, n, c, dst, identity);
+        else ReduceBag<false>(base, dim, ids, w, n, c, dst, identity);
+      }
+    }
+  };
+  if (pool == nullptr) {
+    work(0, total);
+  } else {
+    pool->ParallelFor(total, cost, work);
+  }
+}
+
+}  // namespace tf_tpu_emb

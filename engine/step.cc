@@ -1,0 +1,134 @@
+// The step protocol: per-replica queues of enqueued batches, the batch each
+// replica's Recv keeps in flight, the collection of a step's Sends (the last
+// one applies the step for every replica, engine/apply.cc) and the
+// StepBarrier a Recv waits on for the previous step.
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "engine/engine.h"
+
+namespace tf_tpu_emb {
+
+// ------------------------------------------------------------------ queues
+
+void Engine::Enqueue(int replica, Batch batch) {
+  std::lock_guard<std::mutex> lock(queue_mu_);
+  queues_[replica].push_back(std::move(batch));
+}
+
+absl::Status Engine::Dequeue(int replica, Batch* batch) {
+  std::lock_guard<std::mutex> lock(queue_mu_);
+  if (queues_[replica].empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "RecvTPUEmbeddingActivations: nothing has been enqueued for replica ",
+        replica, "; run an EnqueueTPUEmbedding* op (device_ordinal ", replica,
+        ") before each Recv"));
+  }
+  *batch = std::move(queues_[replica].front());
+  queues_[replica].pop_front();
+  return absl::OkStatus();
+}
+
+void Engine::SetInFlight(int replica, Batch batch) {
+  std::lock_guard<std::mutex> lock(queue_mu_);
+  in_flight_state_[replica] = batch.training ? kTraining : kInference;
+  in_flight_[replica] = std::move(batch);
+}
+
+// ------------------------------------------------------------ training step
+
+absl::Status Engine::Submit(int replica, std::vector<::tensorflow::Tensor> gradients,
+                            const std::vector<float>& dynamic_inputs,
+                            ::tsl::thread::ThreadPool* pool) {
+  // Allocated before anything changes: an allocation failure leaves the
+  // engine as it was.
+  std::vector<std::unique_ptr<StepPart>> parts, fresh(num_replicas_);
+  auto part = std::make_unique<StepPart>();
+  {
+    std::unique_lock<std::mutex> lock(queue_mu_);
+    if (in_flight_state_[replica] != kTraining) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "SendTPUEmbeddingGradients: replica ", replica,
+          in_flight_state_[replica] == kInference
+              ? " received an inference-mode batch; gradients can only be sent for a "
+                "batch enqueued in training mode"
+              : " has no batch to send gradients for: run RecvTPUEmbeddingActivations "
+                "first, and send once per Recv"));
+    }
+    part->batch = std::move(in_flight_[replica]);
+    part->gradients = std::move(gradients);
+    in_flight_state_[replica] = kNoBatch;
+    parts_[replica] = std::move(part);
+    if (++submitted_ < num_replicas_) return absl::OkStatus();
+    parts.swap(parts_);
+    parts_.swap(fresh);
+    submitted_ = 0;
+    applying_ = true;
+  }
+  auto applied = [this] {
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      applying_ = false;
+    }
+    step_barrier_.NotifyAll();
+  };
+  try {
+    std::unique_lock<std::shared_mutex> tables(tables_mu_);
+    ApplyStep(parts, dynamic_inputs, pool);
+  } catch (...) {
+    applied();  // waiting Recvs must not wait for a step that will not finish
+    throw;
+  }
+  applied();
+  return absl::OkStatus();
+}
+
+void Engine::AbortStep(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    if (submitted_ == 0) return;
+    for (int r = 0; r < num_replicas_; ++r) {
+      if (parts_[r]) step_errors_[r] = reason;
+      parts_[r].reset();
+    }
+    submitted_ = 0;
+  }
+  step_barrier_.NotifyAll();
+}
+
+absl::Status Engine::WaitForStep(int replica) {
+  if (pipelined_) return absl::OkStatus();
+  std::unique_lock<std::mutex> lock(queue_mu_);
+  auto waiting = [&] {
+    std::string missing;
+    for (int r = 0; r < num_replicas_; ++r) {
+      if (!parts_[r]) absl::StrAppend(&missing, missing.empty() ? "" : ", ", r);
+    }
+    return absl::StrCat(
+        "RecvTPUEmbeddingActivations on replica ", replica,
+        applying_ ? " waited for the previous training step to be applied"
+                  : absl::StrCat(" waited for the previous step's gradients from replica(s) ",
+                                 missing, " (of ", num_replicas_,
+                                 ", num_tensor_cores), which never sent them"));
+  };
+  const absl::Status status = step_barrier_.Wait(
+      lock,
+      [&] { return !step_errors_[replica].empty() || (!parts_[replica] && !applying_); },
+      waiting);
+  if (!status.ok()) return status;
+  if (!step_errors_[replica].empty()) {
+    const std::string error = std::move(step_errors_[replica]);
+    step_errors_[replica].clear();
+    return absl::AbortedError(absl::StrCat(
+        "RecvTPUEmbeddingActivations: the previous training step was aborted: ", error));
+  }
+  return absl::OkStatus();
+}
+
+void Engine::CancelWaits(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(queue_mu_);
+  step_barrier_.Cancel(reason);
+}
+
+}  // namespace tf_tpu_emb

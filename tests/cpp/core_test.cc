@@ -1,0 +1,181 @@
+// Unit tests of core/ (header-only semantics shared by the op definitions and
+// the engine), against values written by hand from
+// docs/tpu_embedding_semantics.md.  Built and run by tests/cpp/build.py.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "core/bag.h"
+#include "core/config.h"
+#include "core/optimizers.h"
+#include "tests/cpp/unit.h"
+
+namespace tf_tpu_emb {
+namespace {
+
+using Code = absl::StatusCode;
+
+TPUEmbeddingConfiguration TableModeConfig() {
+  TPUEmbeddingConfiguration c;
+  c.set_batch_size_per_tensor_core(4);
+  auto* t = c.add_table_descriptor();
+  t->set_name("video");
+  t->set_vocabulary_size(13);
+  t->set_dimension(5);
+  t->set_num_features(3);
+  t->mutable_optimization_parameters()->mutable_adagrad();
+  return c;
+}
+
+// §2.1: without feature descriptors, one Recv output per table of shape
+// [batch_size_per_tensor_core * num_features, dim]; completion adds the
+// matching feature descriptor.
+TEST(OutputShapesTableMode) {
+  TPUEmbeddingConfiguration c = TableModeConfig();
+  std::vector<TensorShapeProto> shapes;
+  ASSERT_OK(ComputeOutputShapes(c, &shapes));
+  ASSERT_EQ(shapes.size(), size_t{1});
+  ASSERT_EQ(shapes[0].dim_size(), 2);
+  EXPECT_EQ(shapes[0].dim(0).size(), 12);
+  EXPECT_EQ(shapes[0].dim(1).size(), 5);
+  ASSERT_OK(CompleteConfig(&c));
+  ASSERT_EQ(c.feature_descriptor_size(), 1);
+  EXPECT_EQ(c.feature_descriptor(0).table_id(), 0);
+  ASSERT_EQ(c.feature_descriptor(0).input_shape_size(), 1);
+  EXPECT_EQ(c.feature_descriptor(0).input_shape(0), 12);
+}
+
+// §2.1: with feature descriptors, input_shape + [dim] per feature.
+TEST(OutputShapesFeatureMode) {
+  TPUEmbeddingConfiguration c = TableModeConfig();
+  c.set_batch_size_per_tensor_core(0);
+  c.mutable_table_descriptor(0)->set_num_features(0);
+  auto* f = c.add_feature_descriptor();
+  f->set_name("watched");
+  f->set_table_id(0);
+  f->add_input_shape(2);
+  f->add_input_shape(3);
+  std::vector<TensorShapeProto> shapes;
+  ASSERT_OK(ComputeOutputShapes(c, &shapes));
+  ASSERT_EQ(shapes.size(), size_t{1});
+  ASSERT_EQ(shapes[0].dim_size(), 3);
+  EXPECT_EQ(shapes[0].dim(0).size(), 2);
+  EXPECT_EQ(shapes[0].dim(1).size(), 3);
+  EXPECT_EQ(shapes[0].dim(2).size(), 5);
+  // A feature naming a table that does not exist is an error, not a read
+  // out of bounds.
+  f->set_table_id(7);
+  EXPECT_TRUE(!ComputeOutputShapes(c, &shapes).ok());
+}
+
+// §2.8: batch_size_per_tensor_core must be positive in table mode.
+TEST(CompleteConfigRefusesZeroBatch) {
+  TPUEmbeddingConfiguration c = TableModeConfig();
+  c.set_batch_size_per_tensor_core(0);
+  EXPECT_ERROR(CompleteConfig(&c), Code::kInvalidArgument, "batch_size_per_tensor_core");
+}
+
+TEST(CheckedArithmeticAndBoundedProduct) {
+  int64_t out = 0;
+  EXPECT_TRUE(CheckedMul(int64_t{1} << 31, int64_t{1} << 31, &out));
+  EXPECT_EQ(out, int64_t{1} << 62);
+  EXPECT_TRUE(!CheckedMul(int64_t{1} << 32, int64_t{1} << 32, &out));
+  EXPECT_TRUE(!CheckedAdd(std::numeric_limits<int64_t>::max(), 1, &out));
+  absl::StatusOr<int64_t> p = BoundedProduct({3, 4, 5}, 60, "x");
+  ASSERT_OK(p.status());
+  EXPECT_EQ(*p, 60);
+  EXPECT_ERROR(BoundedProduct({3, 4, 5}, 59, "positions").status(), Code::kInvalidArgument,
+               "positions is 3 x 4 x 5 = 60, more than the limit 59");
+  EXPECT_ERROR(BoundedProduct({int64_t{1} << 40, int64_t{1} << 40}, kMaxFeaturePositions, "n")
+                   .status(),
+               Code::kInvalidArgument, "(overflows int64)");
+}
+
+// §2.7: 13 ids over 5 shards, DIV_DEFAULT = [[0,1,2],[3,4,5],[6,7,8],[9,10],[11,12]];
+// MOD: shard s holds the ids with id % 5 == s.
+TEST(ShardRowMapping) {
+  const int64_t want_rows[] = {3, 3, 3, 2, 2};
+  const int64_t want_first[] = {0, 3, 6, 9, 11};
+  for (int s = 0; s < 5; ++s) {
+    absl::StatusOr<int64_t> rows = NumIdsInShard(13, s, 5);
+    ASSERT_OK(rows.status());
+    EXPECT_EQ(*rows, want_rows[s]);
+    EXPECT_EQ(GlobalRowOfShardRow(false, 13, s, 5, 0), want_first[s]);
+    for (int64_t r = 0; r < *rows; ++r) {
+      EXPECT_EQ(GlobalRowOfShardRow(true, 13, s, 5, r) % 5, s);
+    }
+  }
+  EXPECT_EQ(GlobalRowOfShardRow(false, 13, 3, 5, 1), 10);
+  EXPECT_EQ(GlobalRowOfShardRow(true, 13, 2, 5, 1), 7);
+  EXPECT_ERROR(NumIdsInShard(13, 0, 0).status(), Code::kInvalidArgument, "must be > 0");
+  EXPECT_ERROR(NumIdsInShard(13, 5, 5).status(), Code::kInvalidArgument, "shard_id");
+  EXPECT_ERROR(NumIdsInShard(2, 2, 3).status(), Code::kInvalidArgument, "is empty");
+}
+
+// §4.2: sum, mean (/ sum w), sqrtn (/ sqrt(sum w^2)); 0 for a zero denominator.
+TEST(CombinerScale) {
+  EXPECT_NEAR(CombinerScale(Combiner::kSum, 4.0f, 9.0f), 1.0f, 0.0f);
+  EXPECT_NEAR(CombinerScale(Combiner::kMean, 4.0f, 9.0f), 0.25f, 1e-7f);
+  EXPECT_NEAR(CombinerScale(Combiner::kSqrtn, 4.0f, 9.0f), 1.0f / 3.0f, 1e-7f);
+  EXPECT_NEAR(CombinerScale(Combiner::kMean, 0.0f, 0.0f), 0.0f, 0.0f);
+  EXPECT_NEAR(CombinerScale(Combiner::kSqrtn, 0.0f, 0.0f), 0.0f, 0.0f);
+  const float w[] = {1.0f, 3.0f};
+  EXPECT_NEAR(BagScale(Combiner::kMean, w, 2), 0.25f, 1e-7f);
+  EXPECT_NEAR(BagScale(Combiner::kSqrtn, w, 2), 1.0f / std::sqrt(10.0f), 1e-7f);
+  EXPECT_NEAR(BagScale(Combiner::kMean, nullptr, 4), 0.25f, 1e-7f);
+}
+
+TEST(ReduceBagWeightedMean) {
+  // Three rows of dimension 2.
+  const float table[] = {1, 2, 10, 20, 100, 200};
+  const int64_t ids[] = {0, 2, 2};
+  const float w[] = {1, 2, 3};
+  float out[2];
+  auto identity = [](float x) { return x; };
+  ReduceBag<true>(table, 2, ids, w, 3, Combiner::kMean, out, identity);
+  EXPECT_NEAR(out[0], (1 * 1 + 2 * 100 + 3 * 100) / 6.0f, 1e-4f);
+  EXPECT_NEAR(out[1], (1 * 2 + 2 * 200 + 3 * 200) / 6.0f, 1e-4f);
+  ReduceBag<false>(table, 2, ids, nullptr, 0, Combiner::kSqrtn, out, identity);
+  EXPECT_NEAR(out[0], 0.0f, 0.0f);  // empty bag: zero vector
+  EXPECT_NEAR(out[1], 0.0f, 0.0f);
+}
+
+RowArgs Row(float* w, float* s0, const float* g, float lr) {
+  RowArgs a{};
+  a.w = w;
+  a.s[0] = s0;
+  a.g = g;
+  a.dim = 2;
+  a.lr = lr;
+  return a;
+}
+
+// §5.1: w <- w - lr * g.
+TEST(SgdFormula) {
+  float w[] = {1.0f, -2.0f};
+  const float g[] = {0.5f, 4.0f};
+  opt::StochasticGradientDescent(Row(w, nullptr, g, 0.1f), opt::StochasticGradientDescentHyper{});
+  EXPECT_NEAR(w[0], 0.95f, 1e-6f);
+  EXPECT_NEAR(w[1], -2.4f, 1e-6f);
+}
+
+// §5.2: a <- a + g^2; w <- w - lr * g / sqrt(a) with the updated a.
+TEST(AdagradFormula) {
+  float w[] = {1.0f, 0.0f};
+  float acc[] = {0.1f, 0.1f};
+  const float g[] = {0.5f, -1.0f};
+  opt::Adagrad(Row(w, acc, g, 0.1f), opt::AdagradHyper{});
+  EXPECT_NEAR(acc[0], 0.35f, 1e-6f);
+  EXPECT_NEAR(acc[1], 1.1f, 1e-6f);
+  EXPECT_NEAR(w[0], 1.0f - 0.05f / std::sqrt(0.35f), 1e-6f);
+  EXPECT_NEAR(w[1], 0.1f / std::sqrt(1.1f), 1e-6f);
+  // The table entry runs the same formula.
+  const OptimizerSpec* spec = FindOptimizer(OptimizationParameters::kAdagrad);
+  ASSERT_TRUE(spec != nullptr);
+  EXPECT_EQ(spec->slots.size(), size_t{1});
+  EXPECT_EQ(std::string(spec->slots[0].name), std::string("accumulators"));
+}
+
+}  // namespace
+}  // namespace tf_tpu_emb

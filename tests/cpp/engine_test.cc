@@ -1,0 +1,199 @@
+// Unit tests of engine/: the StepBarrier, an input mapper, the forward
+// lookup, the backward step and the shard copy, on tiny tables whose
+// expected values are computed by hand (docs/tpu_embedding_semantics.md).
+// The engine's translation units are compiled into this one (a unity
+// build: one compile for the whole engine, see tests/cpp/build.py).
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/apply.cc"          // NOLINT(build/include)
+#include "engine/engine.cc"         // NOLINT(build/include)
+#include "engine/feature_batch_mapper.cc"  // NOLINT(build/include)
+#include "engine/input_mappers.cc"  // NOLINT(build/include)
+#include "engine/lookup.cc"         // NOLINT(build/include)
+#include "engine/step.cc"           // NOLINT(build/include)
+#include "engine/table.cc"          // NOLINT(build/include)
+#include "tests/cpp/unit.h"
+
+namespace tf_tpu_emb {
+namespace {
+
+using Code = absl::StatusCode;
+using ::tensorflow::DT_FLOAT;
+using ::tensorflow::DT_INT64;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
+
+TEST(StepBarrierCancelEndsTheWait) {
+  std::mutex mu;
+  StepBarrier barrier;
+  std::thread canceller([&] {
+    std::lock_guard<std::mutex> lock(mu);
+    barrier.Cancel("shut down");
+  });
+  std::unique_lock<std::mutex> lock(mu);
+  const absl::Status s = barrier.Wait(lock, [] { return false; }, [] { return "waiting for r1"; });
+  lock.unlock();
+  canceller.join();
+  EXPECT_ERROR(s, Code::kCancelled, "shut down; waiting for r1");
+  // Every later wait is cancelled at once.
+  lock.lock();
+  EXPECT_ERROR(barrier.Wait(lock, [] { return false; }, [] { return "again"; }),
+               Code::kCancelled, "again");
+}
+
+TEST(StepBarrierTimesOut) {
+  std::mutex mu;
+  StepBarrier barrier;
+  barrier.set_timeout_seconds(0.01);
+  std::unique_lock<std::mutex> lock(mu);
+  EXPECT_ERROR(barrier.Wait(lock, [] { return false; }, [] { return "replica 1 never sent"; }),
+               Code::kDeadlineExceeded, "replica 1 never sent (timed out after");
+  EXPECT_OK(barrier.Wait(lock, [] { return true; }, [] { return ""; }));
+}
+
+TEST(StepBarrierTimeoutFromEnvironment) {
+  setenv(StepBarrier::kTimeoutVariable, "2.5", 1);
+  absl::StatusOr<double> t = StepBarrier::TimeoutFromEnvironment();
+  ASSERT_OK(t.status());
+  EXPECT_NEAR(*t, 2.5, 0.0);
+  setenv(StepBarrier::kTimeoutVariable, "-1", 1);
+  EXPECT_ERROR(StepBarrier::TimeoutFromEnvironment().status(), Code::kInvalidArgument,
+               "TF_TPU_EMB_STEP_TIMEOUT_SECONDS must be a number of seconds");
+  unsetenv(StepBarrier::kTimeoutVariable);
+  t = StepBarrier::TimeoutFromEnvironment();
+  ASSERT_OK(t.status());
+  EXPECT_NEAR(*t, StepBarrier::kDefaultTimeoutSeconds, 0.0);
+}
+
+// One SGD table "t" (vocab 4, dim 2, lr 0.5) and one feature "f" of
+// input_shape [2] (two bags) with the given combiner.
+std::unique_ptr<Engine> TinyEngine() {
+  TPUEmbeddingConfiguration c;
+  c.set_mode(TPUEmbeddingConfiguration::TRAINING);
+  c.set_num_tensor_cores(1);
+  auto* t = c.add_table_descriptor();
+  t->set_name("t");
+  t->set_vocabulary_size(4);
+  t->set_dimension(2);
+  auto* p = t->mutable_optimization_parameters();
+  p->mutable_stochastic_gradient_descent();
+  p->mutable_learning_rate()->set_constant(0.5f);
+  auto* f = c.add_feature_descriptor();
+  f->set_name("f");
+  f->set_table_id(0);
+  f->add_input_shape(2);
+  std::unique_ptr<Engine> e;
+  const absl::Status s = Engine::Create(c.SerializeAsString(), &e);
+  if (!s.ok()) std::fprintf(stderr, "Engine::Create: %s\n", std::string(s.message()).c_str());
+  if (e) {  // row r = (r, 10 r)
+    float* w = e->table(0).state[0]->data();
+    for (int r = 0; r < 4; ++r) {
+      w[2 * r] = r;
+      w[2 * r + 1] = 10 * r;
+    }
+  }
+  return e;
+}
+
+template <typename T>
+Tensor Vec(::tensorflow::DataType dtype, const std::vector<T>& v) {
+  Tensor t(dtype, TensorShape({static_cast<int64_t>(v.size())}));
+  for (size_t i = 0; i < v.size(); ++i) t.flat<T>()(i) = v[i];
+  return t;
+}
+
+// Row splits [0, 2, 3]: bag 0 = ids {1, 3}, bag 1 = {2}; mean combiner.
+TEST(ArbitraryTensorMapperRowSplitsThenLookup) {
+  std::unique_ptr<Engine> e = TinyEngine();
+  ASSERT_TRUE(e != nullptr);
+  const Tensor splits = Vec<int64_t>(DT_INT64, {0, 2, 3});
+  const Tensor ids = Vec<int64_t>(DT_INT64, {1, 3, 2});
+  const Tensor weights(DT_FLOAT, TensorShape({0}));
+  EnqueueInputs in{{&splits}, {&ids}, {&weights}};
+  auto mapper = InputMapper::ArbitraryTensorBatch("Enq", {Combiner::kMean});
+  Batch batch;
+  ASSERT_OK(mapper->Map(*e, in, nullptr, &batch));
+  ASSERT_EQ(batch.outputs.size(), size_t{1});
+  const OutputBatch& ob = batch.outputs[0];
+  EXPECT_TRUE((ob.offsets == std::vector<int64_t>{0, 2, 3}));
+  EXPECT_TRUE((ob.ids == std::vector<int64_t>{1, 3, 2}));
+  EXPECT_TRUE(ob.weights.empty());
+  ASSERT_EQ(ob.slot_combiners.size(), size_t{1});
+  EXPECT_TRUE(ob.slot_combiners[0] == Combiner::kMean);
+
+  std::vector<float> out(4);
+  e->Lookup(batch, {out.data()}, nullptr);
+  EXPECT_NEAR(out[0], 2.0f, 1e-6f);   // mean of rows 1 and 3
+  EXPECT_NEAR(out[1], 20.0f, 1e-6f);
+  EXPECT_NEAR(out[2], 2.0f, 1e-6f);   // row 2
+  EXPECT_NEAR(out[3], 20.0f, 1e-6f);
+
+  // The backward step (§4.3, §5.1): bag 0's gradient reaches rows 1 and 3
+  // with the mean's 1/2, bag 1's reaches row 2; w <- w - 0.5 g.
+  e->Enqueue(0, Batch(batch));
+  Batch popped;
+  ASSERT_OK(e->Dequeue(0, &popped));
+  e->SetInFlight(0, std::move(popped));
+  Tensor grad(DT_FLOAT, TensorShape({2, 2}));
+  auto g = grad.flat<float>();
+  g(0) = 4; g(1) = 8; g(2) = 2; g(3) = 2;
+  ASSERT_OK(e->Submit(0, {grad}, {}, nullptr));
+  const float* w = e->table(0).state[0]->data();
+  EXPECT_NEAR(w[0], 0.0f, 0.0f);  // row 0 untouched
+  EXPECT_NEAR(w[2], 1.0f - 0.5f * 2.0f, 1e-6f);
+  EXPECT_NEAR(w[3], 10.0f - 0.5f * 4.0f, 1e-6f);
+  EXPECT_NEAR(w[4], 2.0f - 0.5f * 2.0f, 1e-6f);
+  EXPECT_NEAR(w[6], 3.0f - 0.5f * 2.0f, 1e-6f);
+  EXPECT_NEAR(w[7], 30.0f - 0.5f * 4.0f, 1e-6f);
+  // A second Send for the same Recv is refused.
+  EXPECT_ERROR(e->Submit(0, {grad}, {}, nullptr), Code::kFailedPrecondition,
+               "has no batch to send gradients for");
+}
+
+TEST(InputMapperRefusesBadInputNamingTheFeature) {
+  std::unique_ptr<Engine> e = TinyEngine();
+  ASSERT_TRUE(e != nullptr);
+  const Tensor splits = Vec<int64_t>(DT_INT64, {0, 2, 3});
+  const Tensor ids = Vec<int64_t>(DT_INT64, {1, 4, 2});  // 4 is outside [0, 4)
+  const Tensor weights(DT_FLOAT, TensorShape({0}));
+  EnqueueInputs in{{&splits}, {&ids}, {&weights}};
+  Batch batch;
+  EXPECT_ERROR(InputMapper::ArbitraryTensorBatch("Enq", {})->Map(*e, in, nullptr, &batch),
+               Code::kInvalidArgument,
+               "Enq: input 0 (feature 'f', table 't'): embedding id 4 at index 1 is outside");
+  EXPECT_TRUE(batch.outputs.empty());
+  const Tensor bad_splits = Vec<int64_t>(DT_INT64, {0, 4, 3});
+  EnqueueInputs in2{{&bad_splits}, {&ids}, {&weights}};
+  EXPECT_ERROR(InputMapper::ArbitraryTensorBatch("Enq", {})->Map(*e, in2, nullptr, &batch),
+               Code::kInvalidArgument, "row splits must be non-decreasing; split 2 is 3 after 4");
+  std::vector<Combiner> combiners;
+  EXPECT_ERROR(ParseCombiners("Enq", {"sum", "max"}, &combiners), Code::kInvalidArgument,
+               "Enq: Invalid combiner 'max'");
+}
+
+// §2.7 MOD sharding: shard 1 of 2 of a 5-row table holds rows 1 and 3.
+TEST(CopyShardModAndDiv) {
+  Table t;
+  t.vocabulary_size = 5;
+  t.dimension = 1;
+  std::vector<float> state(5, 0.0f);
+  float shard[] = {7, 9};
+  CopyShard(t, /*mod_sharding=*/true, 2, 1, 2, state.data(), shard, /*to_state=*/true);
+  EXPECT_TRUE((state == std::vector<float>{0, 7, 0, 9, 0}));
+  // DIV_DEFAULT: shard 1 of 2 holds rows 3 and 4.
+  float out[2];
+  state = {0, 1, 2, 3, 4};
+  CopyShard(t, /*mod_sharding=*/false, 2, 1, 2, state.data(), out, /*to_state=*/false);
+  EXPECT_NEAR(out[0], 3.0f, 0.0f);
+  EXPECT_NEAR(out[1], 4.0f, 0.0f);
+}
+
+}  // namespace
+}  // namespace tf_tpu_emb
+
+int main(int argc, char** argv) { return ::unit::RunAll(argc, argv); }
