@@ -84,7 +84,7 @@ class TFBuildExt(build_ext):
             san = ["-fsanitize=address,undefined",
                    "-fno-sanitize=null,nonnull-attribute,returns-nonnull-attribute,vptr",
                    "-fno-omit-frame-pointer", "-g"]
-            opt = ["-O1", "-fno-math-errno"]
+            opt = ["-O1", "-DNDEBUG", "-fno-math-errno"]
         if os.environ.get("TF_TPU_EMB_NATIVE", "1") != "0":
             # The library is built on the machine that runs it (source install),
             # so the embedding loops may use every vector unit it has.

@@ -261,7 +261,7 @@ class Executor:
 
     def op_load_random(self, seed, record=True):
         if self.config is None:
-            tf.raw_ops.LoadAllTPUEmbeddingParameters(
+            tte_ops.load_all_tpu_embedding_parameters(
                 parameters=[np.zeros([1, 1], np.float32)],
                 **{"auxiliary%d" % i: [np.zeros([0], np.float32)] for i in range(1, 8)},
                 config="", num_shards=1, shard_id=0)
@@ -463,7 +463,7 @@ class Executor:
                 groups[i].append(rng.standard_normal([n, d.dimension]).astype(np.float32)
                                  if i < used else np.zeros([0], np.float32))
             plan.append((used - int(has_acc), rows))
-        tf.raw_ops.LoadAllTPUEmbeddingParameters(
+        tte_ops.load_all_tpu_embedding_parameters(
             parameters=groups[0], **{"auxiliary%d" % i: groups[i] for i in range(1, NUM_GROUPS)},
             config="", num_shards=num_shards, shard_id=shard_id)
         if num_tables != len(tables) or group_delta != 0:
@@ -476,7 +476,7 @@ class Executor:
             self.check_snapshot("LoadAll (the loaded shard is not what RetrieveAll returns)")
 
     def op_retrieve_all(self, num_shards, shard_id, seed, num_tables):
-        groups = tf.raw_ops.RetrieveAllTPUEmbeddingParameters(
+        groups = tte_ops.retrieve_all_tpu_embedding_parameters(
             NumTables=num_tables, config="", num_shards=num_shards, shard_id=shard_id)
         if num_tables != len(self.config.table_descriptor):
             raise Finding("wrong_error", "RetrieveAll accepted NumTables %d" % num_tables)

@@ -430,15 +430,13 @@ def mutate_enqueue(rng, c, op, kw):
                                      if a.size else np.zeros([0, 3, 1], a.dtype),
                                      np.zeros([ids.size, 5], a.dtype), np.zeros([1], a.dtype),
                                      np.zeros([0, 2], a.dtype), np.arange(ids.size + 3, dtype=a.dtype)))
-    elif kind == 6:  # drop / add an input
-        for k in lists:
-            if rng.random() < 0.5 and len(kw[k]) > 1:
-                kw[k] = kw[k][:-1]
-            else:
-                kw[k] = kw[k] + [kw[k][-1]]
-        if "table_ids" in kw:
-            kw["table_ids"] = kw["table_ids"] + [0] if rng.random() < 0.5 else kw["table_ids"][:-1]
-    elif kind == 7:
+    elif kind == 6:  # drop / add an input (every list of the op together)
+        drop = rng.random() < 0.5 and len(kw[id_key]) > 1
+        for k in lists + (["table_ids"] if "table_ids" in kw else []):
+            kw[k] = kw[k][:-1] if drop else kw[k] + [kw[k][-1]]
+        if "combiners" in kw and rng.random() < 0.5:
+            kw["combiners"] = kw["combiners"][:-1] if drop else kw["combiners"] + ["sum"]
+    elif kind == 7 and op != "EnqueueTPUEmbeddingIntegerBatch":
         kw["combiners"] = _pick(rng, (["sum"] * int(rng.integers(0, 9)), ["max"], ["", "mean"]))
     elif kind == 8:
         kw["mode_override"] = _pick(rng, ("", "training", "TRAIN", "inference\0", "x" * 300))
@@ -591,7 +589,7 @@ def gen_load_retrieve(rng):
             args["table_name"] = d.name
         else:
             args["table_id"] = t
-        expect = "ok" if num_shards <= d.vocabulary_size else "fail"
+        expect = "ok" if shard_id < d.vocabulary_size else "fail"  # else an empty shard
         mutated = rng.random() < 0.5
         if mutated:
             m = int(rng.integers(6))
@@ -621,15 +619,22 @@ def gen_load_retrieve(rng):
             args["num_tables"] = len(c.table_descriptor) if not mutated or rng.random() < 0.5 \
                 else _pick(rng, (0, len(c.table_descriptor) + 1))
             args["group_delta"] = int(rng.integers(-1, 2)) if mutated and rng.random() < 0.5 else 0
-            ok = all(num_shards <= x.vocabulary_size for x in c.table_descriptor)
+            args.pop("shape_delta", None)
+            ok = all(shard_id < x.vocabulary_size for x in c.table_descriptor)
             steps.append(step("load_all", "ok" if ok and not mutated else "any", **args))
         else:
             args.pop("table_name", None), args.pop("table_id", None), args.pop("shape_delta", None)
             args["num_tables"] = len(c.table_descriptor) if not mutated else _pick(
                 rng, (1, 0, len(c.table_descriptor) + 1, 64))
-            ok = all(num_shards <= x.vocabulary_size for x in c.table_descriptor)
+            ok = all(shard_id < x.vocabulary_size for x in c.table_descriptor)
             steps.append(step("retrieve_all", "ok" if ok and not mutated else "any", **args))
     return steps
+
+
+def families_copy(c):
+    d = type(c)()
+    d.CopyFrom(c)
+    return d
 
 
 def gen_lifecycle(rng):
@@ -652,7 +657,8 @@ def gen_lifecycle(rng):
         elif kind == 8:
             steps.append(step("load_random", "model", seed=int(rng.integers(1 << 30))))
         elif kind == 9:
-            steps.append(step("configure", "any", config=mutate_config(rng, c).SerializeToString()))
+            bad = families_copy(c)
+            steps.append(step("configure", "any", config=mutate_config(rng, bad).SerializeToString()))
         else:
             steps.append(step("shutdown_under_recv", "model"))
     steps.append(step("drain", "ok"))

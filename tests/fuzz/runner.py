@@ -35,7 +35,7 @@ sys.path.insert(0, HERE)
 
 import families  # noqa: E402  (no TensorFlow: only names and counts)
 
-OUTCOMES = ("ok", "crash", "hang", "wrong_error", "corruption")
+OUTCOMES = ("ok", "crash", "hang", "wrong_error", "corruption", "harness_error")
 
 
 class Worker:
@@ -144,6 +144,9 @@ def run_cases(requests, *, timeout, log_dir, env=None, start_timeout=300, on_res
                 result["output"] = worker.output_tail()
                 worker.close()
                 worker = None
+            elif result.get("restart"):
+                worker.close()
+                worker = None
             results.append(result)
             if on_result is not None:
                 on_result(request, result)
@@ -171,12 +174,11 @@ def write_reproducer(directory, request, result):
 
 
 def summary_table(counts, seconds):
-    lines = ["%-14s %7s %6s %6s %6s %12s %11s %8s" % (
-        "family", "cases", "ok", "crash", "hang", "wrong_error", "corruption", "seconds")]
+    lines = ["%-14s %7s %6s %6s %6s %12s %11s %14s %8s" % (
+        ("family", "cases") + OUTCOMES + ("seconds",))]
     for family, c in counts.items():
-        lines.append("%-14s %7d %6d %6d %6d %12d %11d %8.1f" % (
-            family, sum(c.values()), c["ok"], c["crash"], c["hang"], c["wrong_error"],
-            c["corruption"], seconds[family]))
+        lines.append("%-14s %7d %6d %6d %6d %12d %11d %14d %8.1f" % (
+            (family, sum(c.values())) + tuple(c[o] for o in OUTCOMES) + (seconds[family],)))
     return "\n".join(lines)
 
 

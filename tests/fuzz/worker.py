@@ -13,6 +13,7 @@ import os
 import resource
 import signal
 import sys
+import traceback
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -47,12 +48,21 @@ def main():
     for line in sys.stdin:
         request = json.loads(line)
         runner.verbose = bool(request.get("verbose"))
-        case = families.generate(request["family"], request["seed"], request["index"])
+        try:
+            case = families.generate(request["family"], request["seed"], request["index"])
+        except Exception:  # a bug of the generator, not of the library
+            out.write(json.dumps({"outcome": "harness_error",
+                                  "detail": traceback.format_exc()[-3000:]}) + "\n")
+            continue
         if runner.verbose:
             print(json.dumps(families.describe(request["family"], request["seed"],
                                                request["index"]))[:20000], flush=True)
         outcome, detail = runner.run(case)
-        out.write(json.dumps({"outcome": outcome, "detail": detail}) + "\n")
+        restart = bool(runner.abandoned_threads)  # a stuck op thread: start afresh
+        out.write(json.dumps({"outcome": outcome, "detail": detail, "restart": restart}) + "\n")
+        if restart:
+            out.flush()
+            os._exit(0)
 
 
 if __name__ == "__main__":
