@@ -4,7 +4,10 @@
 #ifndef TF_TPU_EMB_KERNELS_CONFIG_H_
 #define TF_TPU_EMB_KERNELS_CONFIG_H_
 
+#include <cmath>
 #include <cstdint>
+#include <initializer_list>
+#include <limits>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -12,14 +15,88 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
 #include "kernels/optimizers.h"
+#include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/framework/tensor_shape.pb.h"
+#include "tensorflow/core/platform/errors.h"
 #include "tensorflow/core/protobuf/tpu/tpu_embedding_configuration.pb.h"
 
 namespace tf_tpu_emb {
 
 using TPUEmbeddingConfiguration = ::tensorflow::tpu::TPUEmbeddingConfiguration;
 using ::tensorflow::TensorShapeProto;
+
+// ------------------------------------------------------------------ limits
+//
+// Configure-time limits (README "Limits and errors").  TF bounds none of
+// these on TPU because the hardware does; on CPU a config past them would
+// overflow the engine's size arithmetic or make every op allocate without
+// bound, so configure refuses it with InvalidArgument naming field and limit.
+
+// num_tensor_cores: the engine keeps queues and step state per replica, and
+// a replica is a (logical) CPU device; the largest TPU slices have a few
+// thousand cores.
+constexpr int64_t kMaxTensorCores = 4096;
+// Rank of a feature's input_shape: Recv's output appends [dimension] and a
+// TensorShape holds at most TensorShape::MaxDimensions() (254) dimensions.
+constexpr int kMaxInputShapeRank = ::tensorflow::TensorShape::MaxDimensions() - 1;
+// Output positions (bags) of one feature (table mode: batch_size_per_tensor_core
+// x num_features) per replica and step: every enqueue allocates 8 bytes of
+// bag offsets per position of every output, whatever the number of ids.
+constexpr int64_t kMaxFeaturePositions = int64_t{1} << 24;
+// Floats of one replica's Recv outputs (sum of positions x dimension over the
+// outputs, 1 GiB): Recv allocates them, Send's gradients have the same size.
+constexpr int64_t kMaxActivationFloats = int64_t{1} << 28;
+// Embedding dimension: row updates keep dimension-sized scratch per thread
+// and address a row's bytes (dimension x 4) with int arithmetic.
+constexpr int64_t kMaxDimension = int64_t{1} << 20;
+
+// Overflow-checked arithmetic for every size derived from a config: false
+// when a * b (a + b) does not fit in int64.
+inline bool CheckedMul(int64_t a, int64_t b, int64_t* out) {
+  return !__builtin_mul_overflow(a, b, out);
+}
+inline bool CheckedAdd(int64_t a, int64_t b, int64_t* out) {
+  return !__builtin_add_overflow(a, b, out);
+}
+
+// The product of `factors` (all >= 0), or InvalidArgument "<what> is ...,
+// more than <limit>" when it overflows int64 or exceeds `limit`.
+template <typename Factors>
+absl::StatusOr<int64_t> BoundedProduct(const Factors& factors, int64_t limit,
+                                       const std::string& what) {
+  int64_t product = 1;
+  bool overflow = false;
+  std::string expr;
+  int n = 0;
+  for (int64_t f : factors) {
+    absl::StrAppend(&expr, n++ ? " x " : "", f);
+    if (!overflow && !CheckedMul(product, f, &product)) overflow = true;
+  }
+  if (overflow || product > limit) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " is ", expr,
+        overflow ? " (overflows int64)" : n > 1 ? absl::StrCat(" = ", product) : "",
+        ", more than the limit ", limit));
+  }
+  return product;
+}
+inline absl::StatusOr<int64_t> BoundedProduct(std::initializer_list<int64_t> factors,
+                                              int64_t limit, const std::string& what) {
+  return BoundedProduct<std::initializer_list<int64_t>>(factors, limit, what);
+}
+
+inline absl::Status CheckInputShapeRank(
+    const ::tensorflow::tpu::TPUEmbeddingConfiguration::FeatureDescriptor& feature) {
+  if (feature.input_shape_size() <= kMaxInputShapeRank) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "feature_descriptor '", feature.name(), "': input_shape has rank ",
+      feature.input_shape_size(), ", more than the limit ", kMaxInputShapeRank,
+      " (Recv's output appends the embedding dimension and a TensorShape has at most ",
+      ::tensorflow::TensorShape::MaxDimensions(), " dimensions)"));
+}
 
 inline absl::Status ParseConfig(const std::string& bytes,
                                 TPUEmbeddingConfiguration* config) {
@@ -58,6 +135,7 @@ inline absl::Status ComputeOutputShapes(const TPUEmbeddingConfiguration& config,
             "feature_descriptor '", feature.name(), "' has table_id ", table_id,
             ", which is not in [0, ", config.table_descriptor_size(), ")"));
       }
+      TF_RETURN_IF_ERROR(CheckInputShapeRank(feature));
       std::vector<int64_t> dims(feature.input_shape().begin(),
                                 feature.input_shape().end());
       dims.push_back(config.table_descriptor(table_id).dimension());
@@ -74,7 +152,14 @@ inline absl::Status ComputeOutputShapes(const TPUEmbeddingConfiguration& config,
   if (SpmdMultipliesOutputs(config)) {
     for (TensorShapeProto& shape : *shapes) {
       auto* first = shape.mutable_dim(0);
-      first->set_size(first->size() * config.spmd_sharding().num_cores_per_replica());
+      int64_t size;
+      if (!CheckedMul(first->size(), config.spmd_sharding().num_cores_per_replica(), &size)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "spmd_sharding.num_cores_per_replica ",
+            config.spmd_sharding().num_cores_per_replica(), " times the output's first "
+            "dimension ", first->size(), " overflows int64"));
+      }
+      first->set_size(size);
     }
   }
   return absl::OkStatus();
@@ -179,12 +264,21 @@ inline absl::Status CompleteConfig(TPUEmbeddingConfiguration* config) {
             " in the TPU embedding configuration. Valid values are >0."));
       }
     }
+    std::vector<int64_t> rows(config->table_descriptor_size());
+    for (int t = 0; t < config->table_descriptor_size(); ++t) {
+      const auto& table = config->table_descriptor(t);
+      absl::StatusOr<int64_t> r = BoundedProduct(
+          {config->batch_size_per_tensor_core(), table.num_features()},
+          kMaxFeaturePositions,
+          absl::StrCat("table '", table.name(), "': batch_size_per_tensor_core x num_features"));
+      if (!r.ok()) return r.status();
+      rows[t] = *r;
+    }
     for (int t = 0; t < config->table_descriptor_size(); ++t) {
       auto* feature = config->add_feature_descriptor();
       feature->set_name(config->table_descriptor(t).name());
       feature->set_table_id(t);
-      feature->add_input_shape(config->batch_size_per_tensor_core() *
-                               config->table_descriptor(t).num_features());
+      feature->add_input_shape(static_cast<int32_t>(rows[t]));
     }
     return absl::OkStatus();
   }
@@ -218,7 +312,6 @@ inline absl::Status CompleteConfig(TPUEmbeddingConfiguration* config) {
           "The input_shape field cannot be empty in feature_descriptor: ",
           feature.ShortDebugString()));
     }
-    int64_t size = 1;
     for (int d : feature.input_shape()) {
       if (d <= 0) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -226,13 +319,14 @@ inline absl::Status CompleteConfig(TPUEmbeddingConfiguration* config) {
             "feature_descriptor: ", feature.ShortDebugString(),
             ", found dimension size set to ", d));
       }
-      size *= d;
     }
-    if (size > INT32_MAX) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "feature_descriptor '", feature.name(), "' has ", size,
-          " elements, more than the 2^31-1 a TPU embedding feature can have"));
-    }
+    TF_RETURN_IF_ERROR(CheckInputShapeRank(feature));
+    absl::StatusOr<int64_t> positions = BoundedProduct(
+        feature.input_shape(), kMaxFeaturePositions,
+        absl::StrCat("feature_descriptor '", feature.name(),
+                     "': the element count of input_shape"));
+    if (!positions.ok()) return positions.status();
+    const int64_t size = *positions;
     used[feature.table_id()] = true;
     sizes.push_back(size);
   }
@@ -252,8 +346,157 @@ inline absl::Status CompleteConfig(TPUEmbeddingConfiguration* config) {
     counts[config->feature_descriptor(f).table_id()] += sizes[f] / batch;
   }
   for (int t = 0; t < num_tables; ++t) {
+    if (counts[t] > INT32_MAX) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table '", config->table_descriptor(t).name(), "': its features have ",
+          counts[t], " x batch_size_per_tensor_core (", batch,
+          ") elements; num_features would exceed the limit ", INT32_MAX));
+    }
     config->mutable_table_descriptor(t)->set_num_features(
         static_cast<int32_t>(counts[t]));
+  }
+  return absl::OkStatus();
+}
+
+// Every float/double field set anywhere in `m` (nested messages and
+// repeated fields included) is finite; else InvalidArgument naming
+// `label` and the field's path below `path`.  Generic on purpose: it covers
+// every optimizer's constants, the learning rate, clipping limits and
+// weight decay without a list to keep in step with the proto.
+inline absl::Status CheckFiniteFields(const ::google::protobuf::Message& m,
+                                      const std::string& label, const std::string& path) {
+  using ::google::protobuf::FieldDescriptor;
+  const auto* reflection = m.GetReflection();
+  std::vector<const FieldDescriptor*> fields;
+  reflection->ListFields(m, &fields);
+  for (const FieldDescriptor* field : fields) {
+    const std::string name = absl::StrCat(path, ".", field->name());
+    const int n = field->is_repeated() ? reflection->FieldSize(m, field) : 1;
+    for (int i = 0; i < n; ++i) {
+      const std::string at = field->is_repeated() ? absl::StrCat(name, "[", i, "]") : name;
+      double value = 0;
+      switch (field->cpp_type()) {
+        case FieldDescriptor::CPPTYPE_FLOAT:
+          value = field->is_repeated() ? reflection->GetRepeatedFloat(m, field, i)
+                                       : reflection->GetFloat(m, field);
+          break;
+        case FieldDescriptor::CPPTYPE_DOUBLE:
+          value = field->is_repeated() ? reflection->GetRepeatedDouble(m, field, i)
+                                       : reflection->GetDouble(m, field);
+          break;
+        case FieldDescriptor::CPPTYPE_MESSAGE:
+          TF_RETURN_IF_ERROR(CheckFiniteFields(
+              field->is_repeated() ? reflection->GetRepeatedMessage(m, field, i)
+                                   : reflection->GetMessage(m, field),
+              label, at));
+          continue;
+        default:
+          continue;
+      }
+      if (!std::isfinite(value)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            label, ": ", at, " is ", value, "; hyper-parameters must be finite"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The forward-pass simulated quantization of a table: enabled, and the
+// clipping range and bucket width the lookup rounds to.
+struct Quantization {
+  bool enabled = false;
+  float lower = 0, upper = 0, step = 0;
+};
+
+inline absl::StatusOr<Quantization> TableQuantization(const OptimizationParameters& p,
+                                                      const std::string& label) {
+  Quantization q;
+  if (!p.has_simulated_quantization() || !p.simulated_quantization().enabled()) return q;
+  const auto& sq = p.simulated_quantization();
+  const auto& limits = sq.clipping_limits();
+  q.enabled = true;
+  q.lower = limits.has_lower() ? limits.lower().value() : -INFINITY;
+  q.upper = limits.has_upper() ? limits.upper().value() : INFINITY;
+  if (sq.num_buckets() < 2 || !std::isfinite(q.lower) || !std::isfinite(q.upper) ||
+      !(q.lower < q.upper)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        label, ": simulated_quantization needs finite clipping limits "
+               "lower < upper and num_buckets >= 2"));
+  }
+  q.step = (q.upper - q.lower) / static_cast<float>(sq.num_buckets() - 1);
+  // The width must be a normal float: TF's threads flush denormals to zero,
+  // and the lookup divides by it.
+  if (!std::isfinite(q.upper - q.lower) || !(q.step >= std::numeric_limits<float>::min()) ||
+      !std::isfinite(q.step)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        label, ": simulated_quantization range [", q.lower, ", ", q.upper, "] with ",
+        sq.num_buckets(), " buckets has bucket width ", q.upper - q.lower, " / ",
+        sq.num_buckets() - 1, ", which is not a normal, finite float32"));
+  }
+  return q;
+}
+
+// "table 'video' (id 0)"
+inline std::string TableLabel(const TPUEmbeddingConfiguration& config, int t) {
+  return absl::StrCat("table '", config.table_descriptor(t).name(), "' (id ", t, ")");
+}
+
+// Bytes of a table's state the engine allocates at configure: parameters
+// and one buffer per optimizer slot, vocabulary_size x dimension float32
+// each (README "Memory budget").
+inline absl::StatusOr<int64_t> TableStateBytes(const TPUEmbeddingConfiguration& config, int t) {
+  const auto& desc = config.table_descriptor(t);
+  const OptimizerSpec* spec = FindOptimizer(desc.optimization_parameters().parameters_case());
+  const int64_t buffers = 1 + (spec == nullptr ? 0 : spec->slots.size());
+  return BoundedProduct({desc.vocabulary_size(), desc.dimension(), int64_t{4}, buffers},
+                        INT64_MAX,
+                        absl::StrCat(TableLabel(config, t),
+                                     ": vocabulary_size x dimension x 4 bytes x (1 + slots)"));
+}
+
+// Configure-time validation of a completed config (after CompleteConfig):
+// the limits above, every size the engine derives from the config, and
+// finite hyper-parameters.  ConfigureTPUEmbedding runs it before it
+// allocates anything.
+inline absl::Status ValidateConfig(const TPUEmbeddingConfiguration& config) {
+  if (config.num_tensor_cores() < 0 || config.num_tensor_cores() > kMaxTensorCores) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Invalid num_tensor_cores: ", config.num_tensor_cores(), "; must be in [0, ",
+        kMaxTensorCores, "]"));
+  }
+  for (int t = 0; t < config.table_descriptor_size(); ++t) {
+    const auto& desc = config.table_descriptor(t);
+    const std::string label = TableLabel(config, t);
+    if (desc.vocabulary_size() <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          label, " has vocabulary_size ", desc.vocabulary_size(), "; must be > 0"));
+    }
+    if (desc.dimension() <= 0 || desc.dimension() > kMaxDimension) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          label, " has dimension ", desc.dimension(),
+          desc.dimension() <= 0 ? "; must be > 0"
+                                : absl::StrCat(", more than the limit ", kMaxDimension)));
+    }
+    TF_RETURN_IF_ERROR(TableStateBytes(config, t).status());
+    TF_RETURN_IF_ERROR(CheckFiniteFields(desc.optimization_parameters(), label,
+                                         "optimization_parameters"));
+    TF_RETURN_IF_ERROR(TableQuantization(desc.optimization_parameters(), label).status());
+  }
+  int64_t activations = 0;
+  for (const auto& feature : config.feature_descriptor()) {
+    std::vector<int64_t> dims(feature.input_shape().begin(), feature.input_shape().end());
+    dims.push_back(config.table_descriptor(feature.table_id()).dimension());
+    absl::StatusOr<int64_t> floats = BoundedProduct(
+        dims, kMaxActivationFloats,
+        absl::StrCat("feature_descriptor '", feature.name(),
+                     "': the size of Recv's output (input_shape + [dimension])"));
+    if (!floats.ok()) return floats.status();
+    if (!CheckedAdd(activations, *floats, &activations) || activations > kMaxActivationFloats) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Recv's outputs have more than ", kMaxActivationFloats,
+          " floats in all (the limit), reached at feature_descriptor '", feature.name(), "'"));
+    }
   }
   return absl::OkStatus();
 }

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/bag.h"
+#include "kernels/guard.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 
@@ -87,7 +88,9 @@ class EmbeddingBagOp : public EmbeddingBagOpBase<Id, Split> {
     const int64_t bags = splits.NumElements() - 1;
     const int dim = params.dim_size(1);
     Tensor* out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({bags, dim}), &out));
+    TensorShape shape;  // status-returning: bags x dim may overflow
+    OP_REQUIRES_OK(ctx, TensorShape::BuildTensorShape({bags, int64_t{dim}}, &shape));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, shape, &out));
     const float* base = params.flat<float>().data();
     const Split* s = splits.flat<Split>().data();
     const Id* id = ids.flat<Id>().data();
@@ -117,7 +120,9 @@ class EmbeddingBagGradOp : public EmbeddingBagOpBase<Id, Split> {
                     grad.shape().DebugString())));
     const int dim = grad.dim_size(1);
     Tensor* out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({ids.NumElements(), dim}), &out));
+    TensorShape shape;
+    OP_REQUIRES_OK(ctx, TensorShape::BuildTensorShape({ids.NumElements(), int64_t{dim}}, &shape));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, shape, &out));
     const float* g = grad.flat<float>().data();
     const Split* s = splits.flat<Split>().data();
     const float* w = weights.NumElements() ? weights.flat<float>().data() : nullptr;
@@ -138,12 +143,12 @@ class EmbeddingBagGradOp : public EmbeddingBagOpBase<Id, Split> {
                               .Device(::tensorflow::DEVICE_CPU)                  \
                               .TypeConstraint<Id>("Tids")                        \
                               .TypeConstraint<Split>("Tsplits"),                 \
-                          EmbeddingBagOp<Id, Split>);                            \
+                          Guarded<EmbeddingBagOp<Id, Split>>);                            \
   REGISTER_KERNEL_BUILDER(Name("TfTpuEmb>EmbeddingBagGrad")                      \
                               .Device(::tensorflow::DEVICE_CPU)                  \
                               .TypeConstraint<Id>("Tids")                        \
                               .TypeConstraint<Split>("Tsplits"),                 \
-                          EmbeddingBagGradOp<Id, Split>)
+                          Guarded<EmbeddingBagGradOp<Id, Split>>)
 
 TTE_REGISTER_BAG(int32_t, int32_t);
 TTE_REGISTER_BAG(int32_t, int64_t);

@@ -3,7 +3,9 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <chrono>
@@ -23,9 +25,15 @@ namespace tf_tpu_emb {
 FloatBuffer::~FloatBuffer() { std::free(data_); }
 
 absl::Status FloatBuffer::Allocate(int64_t num_floats, float fill) {
-  constexpr size_t kHugePage = size_t{2} << 20;
-  const size_t bytes = static_cast<size_t>(std::max<int64_t>(num_floats, 1)) * 4;
-  const size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+  constexpr int64_t kHugePage = int64_t{2} << 20;
+  int64_t bytes, padded;
+  if (num_floats < 0 || !CheckedMul(std::max<int64_t>(num_floats, 1), 4, &bytes) ||
+      !CheckedAdd(bytes, kHugePage - 1, &padded)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot allocate ", num_floats, " floats for an embedding table: the byte count "
+        "overflows int64"));
+  }
+  const size_t rounded = static_cast<size_t>(padded / kHugePage * kHugePage);
   void* p = std::aligned_alloc(kHugePage, rounded);
   if (p == nullptr) {
     return absl::ResourceExhaustedError(
@@ -84,7 +92,10 @@ void Engine::Shutdown() {
     g_engine = nullptr;
   }
   // Kernels still running hold their own references.
-  if (old != nullptr) old->Unref();
+  if (old != nullptr) {
+    old->CancelWaits("ShutdownTPUEmbedding ran while this op waited");
+    old->Unref();
+  }
 }
 
 std::string Engine::DebugString() const {
@@ -125,6 +136,95 @@ void CollectDynamicTags(const OptimizationParameters& p, std::set<int>* tags) {
   }
 }
 
+// Reads the first integer after `key` in a /proc or /sys file; -1 if absent.
+int64_t ReadNumber(const char* path, const std::string& key = "") {
+  std::FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return -1;
+  char line[256];
+  int64_t value = -1;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    if (key.empty() || std::strncmp(line, key.c_str(), key.size()) == 0) {
+      char* end = nullptr;
+      const long long v = std::strtoll(line + key.size(), &end, 10);
+      if (end != line + key.size()) value = v;  // "max" (no cgroup limit) stays -1
+      break;
+    }
+  }
+  std::fclose(f);
+  return value;
+}
+
+// Bytes the tables may take: TF_TPU_EMB_MEMORY_LIMIT_BYTES when set, else
+// the smaller of MemAvailable and the room left under a cgroup (v2 or v1)
+// memory limit; -1 when nothing is known.  `source` says which.
+absl::Status MemoryBudget(int64_t* budget, std::string* source) {
+  if (const char* env = std::getenv("TF_TPU_EMB_MEMORY_LIMIT_BYTES"); env && *env) {
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(env, &end, 10);
+    if (*end != '\0' || errno != 0 || v < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "TF_TPU_EMB_MEMORY_LIMIT_BYTES must be a non-negative integer number of "
+          "bytes, got '", env, "'"));
+    }
+    *budget = v;
+    *source = "TF_TPU_EMB_MEMORY_LIMIT_BYTES";
+    return absl::OkStatus();
+  }
+  *budget = -1;
+  const int64_t kib = ReadNumber("/proc/meminfo", "MemAvailable:");
+  if (kib >= 0) {
+    *budget = kib * 1024;
+    *source = "MemAvailable in /proc/meminfo";
+  }
+  const std::pair<const char*, const char*> cgroups[] = {
+      {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
+      {"/sys/fs/cgroup/memory/memory.limit_in_bytes",
+       "/sys/fs/cgroup/memory/memory.usage_in_bytes"}};
+  for (const auto& [limit_path, usage_path] : cgroups) {
+    const int64_t limit = ReadNumber(limit_path), usage = ReadNumber(usage_path);
+    if (limit < 0 || usage < 0) continue;
+    const int64_t room = std::max<int64_t>(0, limit - usage);
+    if (*budget < 0 || room < *budget) {
+      *budget = room;
+      *source = absl::StrCat("the cgroup memory limit (", limit_path, " minus usage)");
+    }
+    break;
+  }
+  return absl::OkStatus();
+}
+
+// ResourceExhausted, before anything is allocated, when the tables and
+// their optimizer slots need more bytes than the memory budget.
+absl::Status CheckMemoryBudget(const TPUEmbeddingConfiguration& config) {
+  std::vector<std::pair<int64_t, int>> bytes;  // (bytes, table)
+  int64_t total = 0;
+  for (int t = 0; t < config.table_descriptor_size(); ++t) {
+    absl::StatusOr<int64_t> b = TableStateBytes(config, t);
+    if (!b.ok()) return b.status();
+    if (!CheckedAdd(total, *b, &total)) {
+      return absl::InvalidArgumentError(
+          "the tables' total size in bytes overflows int64");
+    }
+    bytes.push_back({*b, t});
+  }
+  int64_t budget;
+  std::string source;
+  TF_RETURN_IF_ERROR(MemoryBudget(&budget, &source));
+  if (budget < 0 || total <= budget) return absl::OkStatus();
+  std::sort(bytes.begin(), bytes.end(), std::greater<>());
+  std::string largest;
+  for (size_t i = 0; i < std::min<size_t>(3, bytes.size()); ++i) {
+    absl::StrAppend(&largest, i ? ", " : "", "'",
+                    config.table_descriptor(bytes[i].second).name(), "' ", bytes[i].first);
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "ConfigureTPUEmbedding: the tables and their optimizer slots need ", total,
+      " bytes but the memory budget is ", budget, " bytes (", source,
+      "); largest tables (bytes): ", largest,
+      ". Set TF_TPU_EMB_MEMORY_LIMIT_BYTES to change the budget."));
+}
+
 }  // namespace
 
 absl::Status Engine::Init(const std::string& config_bytes) {
@@ -134,6 +234,7 @@ absl::Status Engine::Init(const std::string& config_bytes) {
   TF_RETURN_IF_ERROR(ParseConfig(config_bytes, &config_));
   table_mode_ = config_.feature_descriptor_size() == 0;
   TF_RETURN_IF_ERROR(CompleteConfig(&config_));
+  TF_RETURN_IF_ERROR(ValidateConfig(config_));
   if (config_.mode() == TPUEmbeddingConfiguration::UNSPECIFIED) {
     return absl::InvalidArgumentError(
         "TPUEmbeddingConfiguration.mode is INVALID.  Must be INFERENCE, "
@@ -145,10 +246,6 @@ absl::Status Engine::Init(const std::string& config_bytes) {
         config_.spmd_sharding().num_cores_per_replica(),
         " is not supported by tf_tpu_emb's CPU engine (use 1 core per replica)"));
   }
-  if (config_.num_tensor_cores() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Invalid num_tensor_cores: ", config_.num_tensor_cores()));
-  }
   num_replicas_ = std::max(1, config_.num_tensor_cores());
 
   std::set<int> tags;
@@ -156,15 +253,7 @@ absl::Status Engine::Init(const std::string& config_bytes) {
   tables_.resize(config_.table_descriptor_size());
   for (int t = 0; t < config_.table_descriptor_size(); ++t) {
     const auto& desc = config_.table_descriptor(t);
-    const std::string label = absl::StrCat("table '", desc.name(), "' (id ", t, ")");
-    if (desc.vocabulary_size() <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          label, " has vocabulary_size ", desc.vocabulary_size(), "; must be > 0"));
-    }
-    if (desc.dimension() <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          label, " has dimension ", desc.dimension(), "; must be > 0"));
-    }
+    const std::string label = TableLabel(config_, t);
     if (!desc.name().empty() && !names.insert(desc.name()).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("two tables are named '", desc.name(), "'"));
@@ -193,24 +282,12 @@ absl::Status Engine::Init(const std::string& config_bytes) {
     table.params = p;
     table.optimizer = spec;
     TF_RETURN_IF_ERROR(StateVariableNames(p, &table.state_names));
-    if (p.has_simulated_quantization() && p.simulated_quantization().enabled()) {
-      const auto& q = p.simulated_quantization();
-      const float lo = q.clipping_limits().has_lower()
-                           ? q.clipping_limits().lower().value()
-                           : -std::numeric_limits<float>::infinity();
-      const float hi = q.clipping_limits().has_upper()
-                           ? q.clipping_limits().upper().value()
-                           : std::numeric_limits<float>::infinity();
-      if (q.num_buckets() < 2 || !std::isfinite(lo) || !std::isfinite(hi) || !(lo < hi)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            label, ": simulated_quantization needs finite clipping limits "
-                   "lower < upper and num_buckets >= 2"));
-      }
-      table.quantize = true;
-      table.quant_lower = lo;
-      table.quant_upper = hi;
-      table.quant_step = (hi - lo) / (q.num_buckets() - 1);
-    }
+    absl::StatusOr<Quantization> q = TableQuantization(p, label);
+    if (!q.ok()) return q.status();
+    table.quantize = q->enabled;
+    table.quant_lower = q->lower;
+    table.quant_upper = q->upper;
+    table.quant_step = q->step;
   }
   // Dynamic inputs are addressed by tag: tags must be exactly 0..n-1.
   int expected = 0;
@@ -227,12 +304,16 @@ absl::Status Engine::Init(const std::string& config_bytes) {
     out.table = f.table_id();
     out.shape.assign(f.input_shape().begin(), f.input_shape().end());
     out.positions = 1;
-    for (int64_t d : out.shape) out.positions *= d;
+    for (int64_t d : out.shape) out.positions *= d;  // bounded by ValidateConfig
+    std::vector<int64_t> dims = out.shape;
+    dims.push_back(tables_[out.table].dimension);
+    TF_RETURN_IF_ERROR(::tensorflow::TensorShapeUtils::MakeShape(dims, &out.recv_shape));
     outputs_.push_back(std::move(out));
   }
 
+  TF_RETURN_IF_ERROR(CheckMemoryBudget(config_));
   for (Table& table : tables_) {
-    const int64_t n = table.vocabulary_size * table.dimension;
+    const int64_t n = table.vocabulary_size * table.dimension;  // bounded by ValidateConfig
     auto params = std::make_unique<FloatBuffer>();
     TF_RETURN_IF_ERROR(params->Allocate(n, 0.0f));
     table.state.push_back(std::move(params));
@@ -254,6 +335,9 @@ absl::Status Engine::Init(const std::string& config_bytes) {
   step_errors_.resize(num_replicas_);
   num_dynamic_ = tags.size();
   pipelined_ = config_.pipeline_execution_with_tensor_core();
+  absl::StatusOr<double> timeout = StepBarrier::TimeoutFromEnvironment();
+  if (!timeout.ok()) return timeout.status();
+  step_barrier_.set_timeout_seconds(*timeout);
   const char* check = std::getenv("TF_TPU_EMB_CHECK_NUMERICS");
   check_numerics_ = check != nullptr && (std::string(check) == "1" || std::string(check) == "true");
   return absl::OkStatus();
@@ -360,7 +444,10 @@ namespace tf_tpu_emb {
 absl::Status Engine::Submit(int replica, std::vector<::tensorflow::Tensor> gradients,
                             const std::vector<float>& dynamic_inputs,
                             ::tsl::thread::ThreadPool* pool) {
-  std::vector<std::unique_ptr<StepPart>> parts;
+  // Allocated before anything changes: an allocation failure leaves the
+  // engine as it was.
+  std::vector<std::unique_ptr<StepPart>> parts, fresh(num_replicas_);
+  auto part = std::make_unique<StepPart>();
   {
     std::unique_lock<std::mutex> lock(queue_mu_);
     if (in_flight_state_[replica] != kTraining) {
@@ -372,26 +459,31 @@ absl::Status Engine::Submit(int replica, std::vector<::tensorflow::Tensor> gradi
               : " has no batch to send gradients for: run RecvTPUEmbeddingActivations "
                 "first, and send once per Recv"));
     }
-    auto part = std::make_unique<StepPart>();
     part->batch = std::move(in_flight_[replica]);
     part->gradients = std::move(gradients);
     in_flight_state_[replica] = kNone;
     parts_[replica] = std::move(part);
     if (++submitted_ < num_replicas_) return absl::OkStatus();
     parts.swap(parts_);
-    parts_.resize(num_replicas_);
+    parts_.swap(fresh);
     submitted_ = 0;
     applying_ = true;
   }
-  {
+  auto applied = [this] {
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      applying_ = false;
+    }
+    step_barrier_.NotifyAll();
+  };
+  try {
     std::unique_lock<std::shared_mutex> tables(tables_mu_);
     ApplyStep(parts, dynamic_inputs, pool);
+  } catch (...) {
+    applied();  // waiting Recvs must not wait for a step that will not finish
+    throw;
   }
-  {
-    std::lock_guard<std::mutex> lock(queue_mu_);
-    applying_ = false;
-  }
-  step_cv_.notify_all();
+  applied();
   return absl::OkStatus();
 }
 
@@ -405,28 +497,41 @@ void Engine::AbortStep(const std::string& reason) {
     }
     submitted_ = 0;
   }
-  step_cv_.notify_all();
+  step_barrier_.NotifyAll();
 }
 
 absl::Status Engine::WaitForStep(int replica) {
   if (pipelined_) return absl::OkStatus();
   std::unique_lock<std::mutex> lock(queue_mu_);
-  const auto limit = std::chrono::seconds(600);
-  const bool done = step_cv_.wait_for(lock, limit, [&] {
-    return !step_errors_[replica].empty() || (!parts_[replica] && !applying_);
-  });
+  auto waiting = [&] {
+    std::string missing;
+    for (int r = 0; r < num_replicas_; ++r) {
+      if (!parts_[r]) absl::StrAppend(&missing, missing.empty() ? "" : ", ", r);
+    }
+    return absl::StrCat(
+        "RecvTPUEmbeddingActivations on replica ", replica,
+        applying_ ? " waited for the previous training step to be applied"
+                  : absl::StrCat(" waited for the previous step's gradients from replica(s) ",
+                                 missing, " (of ", num_replicas_,
+                                 ", num_tensor_cores), which never sent them"));
+  };
+  const absl::Status status = step_barrier_.Wait(
+      lock,
+      [&] { return !step_errors_[replica].empty() || (!parts_[replica] && !applying_); },
+      waiting);
+  if (!status.ok()) return status;
   if (!step_errors_[replica].empty()) {
     const std::string error = std::move(step_errors_[replica]);
     step_errors_[replica].clear();
     return absl::AbortedError(absl::StrCat(
         "RecvTPUEmbeddingActivations: the previous training step was aborted: ", error));
   }
-  if (!done) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "RecvTPUEmbeddingActivations on replica ", replica,
-        " waited 600 s for the other replicas to send the previous step's gradients"));
-  }
   return absl::OkStatus();
+}
+
+void Engine::CancelWaits(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(queue_mu_);
+  step_barrier_.Cancel(reason);
 }
 
 namespace {

@@ -19,6 +19,7 @@
 #include "kernels/bag.h"
 #include "kernels/config.h"
 #include "kernels/optimizers.h"
+#include "kernels/step_barrier.h"
 #include "tensorflow/core/framework/resource_base.h"
 #include "tensorflow/core/framework/tensor.h"
 
@@ -67,6 +68,7 @@ struct OutputSpec {
   int table = 0;
   std::vector<int64_t> shape;  // input_shape; the Recv output adds [dim]
   int64_t positions = 0;       // product of shape: bags in the output
+  ::tensorflow::TensorShape recv_shape;  // shape + [dim]: Recv's output, Send's gradient
 };
 
 // The ids of one output of one enqueued batch, as CSR over the output's
@@ -104,6 +106,8 @@ class Engine : public ::tensorflow::ResourceBase {
   // Installs `engine`; FailedPrecondition when one is already configured.
   static absl::Status Install(std::unique_ptr<Engine> engine);
   static bool IsConfigured();
+  // Uninstalls the engine and cancels its waits (a Recv waiting for other
+  // replicas returns Cancelled); kernels still running keep their reference.
   static void Shutdown();
 
   std::string DebugString() const override;
@@ -146,8 +150,12 @@ class Engine : public ::tensorflow::ResourceBase {
   // parts already handed in are dropped and waiting Recvs get the error.
   void AbortStep(const std::string& reason);
   // Recv calls this first: unless the config pipelines execution, it waits
-  // until the step this replica sent gradients for has been applied.
+  // until the step this replica sent gradients for has been applied: at most
+  // the step barrier's timeout (DeadlineExceeded naming the replicas that
+  // never sent), Cancelled when the engine is shut down meanwhile.
   absl::Status WaitForStep(int replica);
+  // Ends every wait of this engine with Cancelled(reason).
+  void CancelWaits(const std::string& reason);
 
   // The fused multi-output lookup: out[o] is float[positions_o * dim_o].
   void Lookup(const Batch& batch, const std::vector<float*>& out,
@@ -173,7 +181,7 @@ class Engine : public ::tensorflow::ResourceBase {
   int submitted_ = 0;
   bool applying_ = false;
   std::vector<std::string> step_errors_;   // per replica, from AbortStep
-  std::condition_variable step_cv_;
+  StepBarrier step_barrier_;  // waits on queue_mu_
   int num_dynamic_ = 0;
   bool check_numerics_ = false;
   bool pipelined_ = false;

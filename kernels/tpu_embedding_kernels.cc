@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/engine.h"
+#include "kernels/guard.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/platform/refcount.h"
@@ -32,10 +33,10 @@ using ::tensorflow::TensorShape;
 constexpr char kPrefix[] = "TfTpuEmb>";
 
 // Registers `Kernel` for `bare_name` under our prefix and, if `core`, under
-// TF's own op name.
+// TF's own op name; it runs as Guarded<Kernel> (kernels/guard.h).
 template <typename Kernel>
 void RegisterCpuKernel(const std::string& bare_name, bool core = true) {
-  auto create = [](OpKernelConstruction* c) -> OpKernel* { return new Kernel(c); };
+  auto create = [](OpKernelConstruction* c) -> OpKernel* { return CreateGuarded<Kernel>(c); };
   std::vector<std::string> names = {kPrefix + bare_name};
   if (core) names.push_back(bare_name);
   for (const std::string& name : names) {
@@ -181,7 +182,12 @@ absl::Status ParallelForStatus(OpKernelContext* ctx, int n, Fn fn) {
   std::vector<absl::Status> status(n);
   ctx->device()->tensorflow_cpu_worker_threads()->workers->ParallelFor(
       n, /*cost_per_unit=*/1 << 20, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) status[i] = fn(static_cast<int>(i));
+        // An exception must not leave a pool thread (it would terminate).
+        for (int64_t i = begin; i < end; ++i) {
+          const absl::Status thrown =
+              CatchExceptions("tf_tpu_emb", [&] { status[i] = fn(static_cast<int>(i)); });
+          if (!thrown.ok()) status[i] = thrown;
+        }
       });
   for (const absl::Status& s : status) TF_RETURN_IF_ERROR(s);
   return absl::OkStatus();
@@ -669,7 +675,11 @@ class EnqueueFeatureBatchOp : public EnqueueOpBase {
               " but the config's feature ", i, " looks up table ", e.outputs()[i].table));
         }
       }
-      return MapPositional(ctx, e, in, /*inputs_first=*/true, ArbitraryFn(e), sources,
+      auto positions = [this, &e](const std::string& who, int i, const Tensor& idx,
+                                  const Tensor& ids, std::vector<int64_t>* pos) {
+        return FeaturePositions(who, e.outputs()[i].shape, idx, ids, pos);
+      };
+      return MapPositional(ctx, e, in, /*inputs_first=*/true, positions, sources,
                            slot_combiners);
     }
     // Table mode: lay the features of each table out in its feature rows.
@@ -773,6 +783,48 @@ class EnqueueFeatureBatchOp : public EnqueueOpBase {
     return absl::OkStatus();
   }
 
+  // Feature-descriptor mode, after TF's op docs: SparseTensorBatch's
+  // sample_indices are sp_ids.indices (rank 2, COO as for
+  // ArbitraryTensorBatch) or its first column (rank 1: the sample of each
+  // id, for a feature of input_shape [batch]); RaggedTensorBatch's
+  // sample_splits are row splits (rank 1).  Empty means one id per position.
+  absl::Status FeaturePositions(const std::string& who, const std::vector<int64_t>& shape,
+                                const Tensor& idx, const Tensor& ids,
+                                std::vector<int64_t>* pos) const {
+    if (ragged_ ? idx.dims() != 1 : (idx.dims() != 1 && idx.dims() != 2)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, ragged_ ? ": sample_splits must have rank 1 (row splits)"
+                       : ": sample_indices must have rank 1 or 2",
+          ", got shape ", idx.shape().DebugString()));
+    }
+    if (ragged_ || idx.dims() == 2 || idx.NumElements() == 0) {
+      return ArbitraryPositions(who, shape, idx, ids, pos);
+    }
+    const int64_t n = ids.NumElements();
+    if (shape.size() != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, ": rank-1 sample_indices (sp_ids.indices[:, 0]) give only the sample of "
+               "each id, but the feature's input_shape has rank ", shape.size(),
+          "; pass [n, ", shape.size(), "] or [n, ", shape.size() + 1, "] indices"));
+    }
+    if (idx.NumElements() != n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, ": sample_indices has ", idx.NumElements(), " elements but there are ", n,
+          " embedding ids"));
+    }
+    const IntView iv(idx);
+    pos->resize(n);
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t v = iv[k];
+      if (v < 0 || v >= shape[0]) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            who, ": sample index ", v, " at index ", k, " is outside [0, ", shape[0], ")"));
+      }
+      (*pos)[k] = v;
+    }
+    return absl::OkStatus();
+  }
+
  private:
   bool ragged_;
 };
@@ -811,16 +863,13 @@ class RecvOp : public OpKernel {
                 absl::InvalidArgumentError(absl::StrCat(
                     op_, ": num_outputs is ", ctx->num_outputs(), " and the op's config has ",
                     shapes_.size(), " outputs, but the configured engine has ", outs.size())));
-    std::vector<TensorShape> shapes(outs.size());
     for (size_t o = 0; o < outs.size(); ++o) {
-      for (int64_t d : outs[o].shape) shapes[o].AddDim(d);
-      shapes[o].AddDim(engine->config().table_descriptor(outs[o].table).dimension());
       TensorShape attr_shape;
       OP_REQUIRES_OK(ctx, TensorShape::BuildTensorShape(shapes_[o], &attr_shape));
-      OP_REQUIRES(ctx, attr_shape == shapes[o],
+      OP_REQUIRES(ctx, attr_shape == outs[o].recv_shape,
                   absl::InvalidArgumentError(absl::StrCat(
                       op_, ": output ", o, " has shape ", attr_shape.DebugString(),
-                      " in the op's config but ", shapes[o].DebugString(),
+                      " in the op's config but ", outs[o].recv_shape.DebugString(),
                       " in the configured engine's config")));
     }
     const int replica = DeviceReplica(ctx);
@@ -831,7 +880,7 @@ class RecvOp : public OpKernel {
     std::vector<float*> out(outs.size());
     for (size_t o = 0; o < outs.size(); ++o) {
       Tensor* t;
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(o, shapes[o], &t));
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(o, outs[o].recv_shape, &t));
       out[o] = t->flat<float>().data();
     }
     {
@@ -912,9 +961,7 @@ class SendOp : public OpKernel {
     }
     for (size_t o = 0; o < outs.size(); ++o) {
       const int t = outs[o].table;
-      TensorShape expected;
-      for (int64_t d : outs[o].shape) expected.AddDim(d);
-      expected.AddDim(e.table(t).dimension);
+      const TensorShape& expected = outs[o].recv_shape;
       const std::string who = absl::StrCat(
           op_, ": gradient ", o, " (",
           e.table_mode() ? "" : absl::StrCat("feature '", e.config().feature_descriptor(o).name(), "', "),
@@ -1021,7 +1068,7 @@ class TableOpBase : public OpKernel {
   }
 
  public:
-  void Compute(OpKernelContext* ctx) final {
+  void Compute(OpKernelContext* ctx) override {
     EngineRef engine;
     OP_REQUIRES_OK(ctx, engine.Acquire(op_));
     TableShard shard;
@@ -1116,7 +1163,7 @@ class AllTablesOpBase : public OpKernel {
   int num_tables_ = 0, num_shards_ = 0, shard_id_ = 0;
 
  public:
-  void Compute(OpKernelContext* ctx) final {
+  void Compute(OpKernelContext* ctx) override {
     EngineRef engine;
     OP_REQUIRES_OK(ctx, engine.Acquire(op_));
     std::vector<int64_t> rows;

@@ -338,6 +338,62 @@ def test_feature_mode_sparse_tensor_bad_id(fctx):
     fctx.assert_untouched()
 
 
+def _rank1(args):
+    """SparseTensorBatch's documented rank-1 form: sample_indices = sp_ids.indices[:, 0]."""
+    return [[a[0][:, 0].copy(), a[1], a[2]] for a in args]
+
+
+def test_feature_mode_sparse_tensor_rank1_sample_out_of_range(fctx):
+    """Rank-1 sample_indices name the sample of each id; B is one past the
+    last sample (read as row splits before, such input was accepted)."""
+    a = _rank1(fctx.args())
+    a[1][0][-1] = B
+    _raises(IA, [ST, "input 1 (feature 'friends', table 'user')",
+                 "sample index %d at index %d is outside [0, %d)" % (B, len(a[1][0]) - 1, B)],
+            lambda: eu.enqueue_sparse_tensor(a, [0, 1, 0]))
+    a = _rank1(fctx.args())
+    a[0][0][0] = -1
+    _raises(IA, [ST, "input 0 (feature 'watched', table 'video')",
+                 "sample index -1 at index 0 is outside [0, %d)" % B],
+            lambda: eu.enqueue_sparse_tensor(a, [0, 1, 0]))
+    fctx.assert_untouched()
+
+
+def test_feature_mode_sparse_tensor_rank1_length_and_rank(fctx):
+    a = _rank1(fctx.args())
+    a[2][0] = a[2][0][:-1]
+    _raises(IA, [ST, "input 2 (feature 'favorited', table 'video')",
+                 "sample_indices has %d elements but there are %d embedding ids"
+                 % (len(a[2][0]), len(a[2][1]))],
+            lambda: eu.enqueue_sparse_tensor(a, [0, 1, 0]))
+    a = fctx.args()
+    a[0][0] = a[0][0].reshape(1, -1, 2)
+    _raises(IA, [ST, "input 0", "sample_indices must have rank 1 or 2"],
+            lambda: eu.enqueue_sparse_tensor(a, [0, 1, 0]))
+    r = fctx.ragged_args()
+    r[1][0] = np.stack([r[1][0], r[1][0]], axis=1)
+    _raises(IA, [RT, "input 1 (feature 'friends', table 'user')",
+                 "sample_splits must have rank 1 (row splits)"],
+            lambda: eu.enqueue_ragged_tensor(r, [0, 1, 0]))
+    fctx.assert_untouched()
+
+
+def test_feature_mode_sparse_tensor_rank1_needs_rank1_input_shape():
+    """A rank-1 index names only the sample: a feature of input_shape [B, 3]
+    needs [n, 2] or [n, 3] indices."""
+    config = eu.feature_mode_config([TableSpec("t", 10, 2)], [FeatureSpec("f", 0, [B, 3])])
+    with eu.engine(config):
+        _raises(IA, [ST, "input 0 (feature 'f', table 't')",
+                     "rank-1 sample_indices (sp_ids.indices[:, 0]) give only the sample of each "
+                     "id, but the feature's input_shape has rank 2; pass [n, 2] or [n, 3] "
+                     "indices"],
+                lambda: eu.enqueue_sparse_tensor(
+                    [(np.array([0, 1], np.int32), np.array([1, 2], np.int64),
+                      eu.empty(tf.float32))], [0]))
+        with pytest.raises(FP, match="nothing has been enqueued"):
+            eu.recv(config)
+
+
 def _tmode_who(op, i):
     return "%s: input %d (table '%s')" % (op, i, TNAMES[FEATURES[i][1]])
 

@@ -925,9 +925,12 @@ def test_shutdown_drops_queued_batches():
             eu.recv(config)
 
 
-def test_table_mode_rank1_sample_indices():
-    """SparseTensorBatch also takes rank-1 sample indices (sp_ids.indices[:, 0])."""
-    config = _table_config()
+@pytest.mark.parametrize("mode", ["table", "feature"])
+def test_rank1_sample_indices(mode):
+    """SparseTensorBatch also takes rank-1 sample indices (sp_ids.indices[:, 0],
+    TF's op doc), in both config modes: each id joins the bag of its sample."""
+    config = _table_config() if mode == "table" else _feature_config()
+    combiners = ["sqrtn"] * 3 if mode == "table" else ["mean", "sqrtn", "sum"]
     rng = np.random.default_rng(95)
     bags = [eu.random_bags(rng, B, 10 if t == 0 else 16, weighted=True) for _, t in FEATURES]
     args = []
@@ -936,12 +939,15 @@ def test_table_mode_rank1_sample_indices():
         args.append((idx[:, 0], ids, w))
     with eu.engine(config):
         tables = eu.load_random_tables(config, 95)
-        eu.enqueue_sparse_tensor(args, table_ids=[0, 1, 0], combiners=["sqrtn"] * 3)
-        video, user = eu.recv(config)
-    v = tables["video"][0]
-    eu.assert_close(video, eu.interleave_table_rows([eu.reference_lookup(v, bags[0], "sqrtn"),
-                                                     eu.reference_lookup(v, bags[2], "sqrtn")]))
-    eu.assert_close(user, eu.reference_lookup(tables["user"][0], bags[1], "sqrtn"))
+        eu.enqueue_sparse_tensor(args, table_ids=[0, 1, 0], combiners=combiners)
+        got = eu.recv(config)
+    names = {0: "video", 1: "user"}
+    want = [eu.reference_lookup(tables[names[t]][0], bags[o], combiners[o])
+            for o, (_, t) in enumerate(FEATURES)]
+    if mode == "table":
+        want = [eu.interleave_table_rows([want[0], want[2]]), want[1]]
+    for g, w in zip(got, want):
+        eu.assert_close(g, w)
 
 
 def test_quantization_disabled_is_plain_lookup():
