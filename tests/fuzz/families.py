@@ -194,7 +194,7 @@ def mutate_config(rng, c):
         elif kind == 5 and len(c.feature_descriptor):
             f = c.feature_descriptor[int(rng.integers(len(c.feature_descriptor)))]
             choice = int(rng.integers(4))
-            if choice == 0:
+            if choice == 0 and len(f.input_shape):
                 f.input_shape[int(rng.integers(len(f.input_shape)))] = _pick(
                     rng, (0, -1, 2**15, 2**16, 2**20, I32_MAX, I32_MIN))
             elif choice == 1:
