@@ -190,7 +190,7 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=None,
                         help="seed (default: from the clock, printed)")
     parser.add_argument("--timeout", type=float, default=float(
-        os.environ.get("TF_TPU_EMB_FUZZ_TIMEOUT", "30")), help="seconds per case")
+        os.environ.get("TF_TPU_EMB_FUZZ_TIMEOUT", "60")), help="seconds per case")
     parser.add_argument("--out", default="out/fuzz", help="reproducers go to OUT/findings")
     parser.add_argument("--replay", help="run one reproducer file again and print it")
     args = parser.parse_args(argv)

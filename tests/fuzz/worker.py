@@ -16,10 +16,10 @@ import sys
 import traceback
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-# Engine limits (README): tables of fuzzed configs stay within 2 GiB, and a
+# Engine limits (README): tables of fuzzed configs stay within 256 MiB, and a
 # Recv that waits for other replicas gives up after 10 s (the executor never
 # sends such a Recv on purpose, so that error shows a defect).
-os.environ.setdefault("TF_TPU_EMB_MEMORY_LIMIT_BYTES", str(2 << 30))
+os.environ.setdefault("TF_TPU_EMB_MEMORY_LIMIT_BYTES", str(256 << 20))
 os.environ.setdefault("TF_TPU_EMB_STEP_TIMEOUT_SECONDS", "10")
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
