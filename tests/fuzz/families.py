@@ -525,10 +525,11 @@ def _gradients(rng, c, mutate=False):
         if kind == 0:
             grads = grads[:-1] if len(grads) > 1 else grads + grads
             expect = "fail"
-        elif kind == 1:
-            g = grads[int(rng.integers(len(grads)))]
-            grads[int(rng.integers(len(grads)))] = np.zeros(
-                [x + int(rng.integers(1, 3)) for x in g.shape[:1]] + list(g.shape[1:]), np.float32)
+        elif kind == 1:  # one gradient with a longer first dimension
+            j = int(rng.integers(len(grads)))
+            g = grads[j]
+            grads[j] = np.zeros([g.shape[0] + int(rng.integers(1, 3))] + list(g.shape[1:]),
+                                np.float32)
             expect = "fail"
         elif kind == 2:
             rates = rates + [np.float32(0.1)]
