@@ -24,6 +24,9 @@ from engine_util import FeatureSpec, TableSpec
 
 pytestmark = pytest.mark.usefixtures("lib")
 
+# `make sanitize` preloads AddressSanitizer, whose own mappings die under the
+# address-space cap that the out-of-memory case relies on.
+UNDER_ASAN = "libasan" in os.environ.get("LD_PRELOAD", "")
 MAX_TENSOR_CORES = 4096
 MAX_INPUT_RANK = 253          # TensorShape's 254 dimensions minus the embedding dimension
 MAX_POSITIONS = 2 ** 24       # per feature (table mode: batch x num_features)
@@ -152,7 +155,8 @@ def child_results():
     name -> {"crashed": ...} for the case the child died in."""
     cases = [{"name": name, "config": base64.b64encode(eu.serialize(c)).decode(),
               "action": action, "env": env}
-             for name, (c, action, env, _, _) in CHILD_CASES.items()]
+             for name, (c, action, env, _, _) in CHILD_CASES.items()
+             if not (UNDER_ASAN and name == "enqueue_oom")]
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     for var in ("TF_TPU_EMB_MEMORY_LIMIT_BYTES", "TF_TPU_EMB_STEP_TIMEOUT_SECONDS"):
@@ -200,6 +204,8 @@ def test_enqueue_out_of_memory_is_an_error_and_changes_nothing(child_results):
     """std::bad_alloc inside an enqueue (address space capped below what its
     scratch needs) is ResourceExhausted; the queue stays empty and the
     engine works afterwards."""
+    if UNDER_ASAN:
+        pytest.skip("an address-space cap cannot be combined with AddressSanitizer")
     r = _child(child_results, "enqueue_oom")
     assert r["error"] is None, r
     assert r.get("enqueue_error") == RE, r

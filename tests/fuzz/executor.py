@@ -513,12 +513,16 @@ class Executor:
             self.op_shutdown()
             return
         rng = np.random.default_rng(0)
-        name, kw = families.valid_enqueue(rng, c, replica=0, mode="train")
-        self.op_enqueue(name, kw)
-        self.op_recv(0)
-        grads, rates, _ = families._gradients(rng, c)
-        self.op_send(0, grads, rates)
-        self.op_enqueue(name, kw)
+        try:  # the configured config may be a fuzzed one that cannot train
+            name, kw = families.valid_enqueue(rng, c, replica=0, mode="train")
+            self.op_enqueue(name, kw)
+            self.op_recv(0)
+            grads, rates, _ = families._gradients(rng, c)
+            self.op_send(0, grads, rates)
+            self.op_enqueue(name, kw)
+        except (tf.errors.OpError, IndexError, ValueError):
+            self.op_shutdown()
+            return
         result = {}
 
         def waiter():

@@ -28,8 +28,9 @@ sys.path.insert(0, HERE)
 def main():
     out = os.fdopen(int(sys.argv[1]), "w", buffering=1)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # crashes are expected: no core files
+    asan = "libasan" in os.environ.get("LD_PRELOAD", "")
     limit_gb = float(os.environ.get("TF_TPU_EMB_FUZZ_MAX_DATA_GB", "8"))
-    if limit_gb > 0:
+    if limit_gb > 0 and not asan:  # ASan reserves terabytes of shadow memory
         limit = int(limit_gb * (1 << 30))
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
 
@@ -40,7 +41,7 @@ def main():
     import tf_tpu_emb
     tf_tpu_emb.load_library()
     import executor
-    if "asan" not in os.environ.get("LD_PRELOAD", ""):
+    if not asan:
         # TensorFlow's fatal-signal handlers can stall a dying process: make
         # a crash kill the worker at once, after printing the Python stack.
         for sig in (signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL):
