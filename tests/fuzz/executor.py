@@ -548,7 +548,9 @@ class Executor:
     # ----------------------------------------------------- embedding bag
     def op_embedding_bag(self, params, splits, ids, weights, combiner, grad, grad_expect):
         checkable = (params.ndim == 2 and splits.ndim == 1 and ids.ndim == 1 and splits.size >= 1
-                     and np.all(np.abs(weights) < 1e15)  # no float32 overflow in sum w^2
+                     # float32 range: no overflow / underflow in 1 / sum w, sum w^2
+                     and np.all((weights == 0) | ((np.abs(weights) > 1e-15)
+                                                  & (np.abs(weights) < 1e15)))
                      and weights.size in (0, ids.size)
                      and splits[0] == 0 and splits[-1] == ids.size
                      and np.all(np.diff(splits) >= 0) and combiner in ("sum", "mean", "sqrtn"))

@@ -113,20 +113,31 @@ def describe_exit(returncode):
     return "exited with status %d" % returncode
 
 
-def run_cases(requests, *, timeout, log_dir, env=None, start_timeout=300, on_result=None):
+def run_cases(requests, *, timeout, log_dir, env=None, start_timeout=300, on_result=None,
+              cases_per_worker=1000):
     """Runs `requests` (dicts with family/seed/index) in workers; returns one
-    result dict per request, in order: {"outcome", "detail", "output"?}."""
+    result dict per request, in order: {"outcome", "detail", "output"?}.
+
+    A worker is replaced after `cases_per_worker` cases: TensorFlow's eager
+    context caches a kernel per distinct op attribute set (every fuzzed
+    config is one), so a worker's memory grows with the cases it ran."""
     results = []
     worker = None
+    served = 0
     try:
         for request in requests:
+            if worker is not None and served >= cases_per_worker:
+                worker.close()
+                worker = None
             if worker is None:
+                served = 0
                 worker = Worker(log_dir, env)
                 ready = worker.receive(start_timeout)
                 if ready is None or not ready.get("ready"):
                     raise RuntimeError("fuzz worker did not start (%s):\n%s" % (
                         describe_exit(worker.proc.poll()), worker.output_tail()))
             worker.send(request)
+            served += 1
             result = worker.receive(timeout)
             if result is None:
                 code = worker.proc.poll()
