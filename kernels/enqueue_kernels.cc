@@ -120,8 +120,9 @@ class EnqueueOp : public OpKernel {
     if (kDynamic) {
       const Tensor* t;
       TF_RETURN_IF_ERROR(ctx->input("device_ordinal", &t));
-      if (t->NumElements() < 1) {
-        return absl::InvalidArgumentError(absl::StrCat(op_, ": device_ordinal is empty"));
+      if (t->NumElements() != 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            op_, ": device_ordinal must be a scalar, got shape ", t->shape().DebugString()));
       }
       ordinal = t->flat<int32_t>()(0);
     }

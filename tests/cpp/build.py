@@ -33,7 +33,10 @@ def _setup_module():
 
 def build(out=DEFAULT_OUT):
     """Compiles and links the unit-test binary; returns its path."""
-    cxx, common, lflags, info = _setup_module().compiler_and_flags()
+    setup_module = _setup_module()
+    cxx, common, lflags, info = setup_module.compiler_and_flags()
+    # An ASan/UBSan build (TF_TPU_EMB_SANITIZE=1) links the sanitizer runtimes too.
+    san = setup_module.SANITIZE_FLAGS if setup_module.sanitizing() else []
     os.makedirs(out, exist_ok=True)
 
     def compile_one(src):
@@ -45,7 +48,7 @@ def build(out=DEFAULT_OUT):
     with concurrent.futures.ThreadPoolExecutor(len(SOURCES)) as pool:
         objs = list(pool.map(compile_one, SOURCES))
     binary = os.path.join(out, "unit_tests")
-    link = cxx + objs + ["-o", binary] + lflags + [
+    link = cxx + san + objs + ["-o", binary] + lflags + [
         "-Wl,--no-undefined", "-Wl,-rpath," + info["libdir"], "-lpthread"]
     subprocess.run(link, check=True)
     return binary

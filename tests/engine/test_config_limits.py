@@ -12,6 +12,7 @@ The limits below are the documented ones, written here independently of the
 C++ constants."""
 import base64
 import json
+import os
 
 import pytest
 import tensorflow as tf
@@ -22,6 +23,9 @@ import harness  # tests/common: the one way to start a child process
 
 pytestmark = pytest.mark.usefixtures("lib")
 
+# `make sanitize` preloads AddressSanitizer, whose own mappings die under the
+# address-space cap that the out-of-memory case relies on.
+UNDER_ASAN = "libasan" in os.environ.get("LD_PRELOAD", "")
 MAX_TENSOR_CORES = 4096
 MAX_INPUT_RANK = 253          # TensorShape's 254 dimensions minus the embedding dimension
 MAX_POSITIONS = 2 ** 24       # per feature (table mode: batch x num_features)
@@ -151,7 +155,8 @@ def child_results():
     goes on with the cases after it)."""
     cases = [{"name": name, "config": base64.b64encode(eu.serialize(c)).decode(),
               "action": action, "env": env}
-             for name, (c, action, env, _, _) in CHILD_CASES.items()]
+             for name, (c, action, env, _, _) in CHILD_CASES.items()
+             if not (UNDER_ASAN and name == "enqueue_oom")]
     results = {}
     while cases:
         proc = harness.run_python(
@@ -201,6 +206,8 @@ def test_enqueue_out_of_memory_is_an_error_and_changes_nothing(child_results):
     """std::bad_alloc inside an enqueue (address space capped below what its
     scratch needs) is ResourceExhausted; the queue stays empty and the
     engine works afterwards."""
+    if UNDER_ASAN:
+        pytest.skip("an address-space cap cannot be combined with AddressSanitizer")
     r = _child(child_results, "enqueue_oom")
     assert r["error"] is None, r
     assert r.get("enqueue_error") == RE, r

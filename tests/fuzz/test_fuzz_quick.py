@@ -1,0 +1,53 @@
+"""The fuzz suite's quick profile (part of the test suite; `make fuzz` runs
+the full one): a fixed seed, a few cases per family in a worker child
+process, every case must be ok.  And a proof that the runner records what it
+claims: deliberate abort / SIGSEGV / hang / non-TF exception / corrupting
+rejection cases are classified as such, and the run itself survives them."""
+import os
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import families  # noqa: E402
+import runner  # noqa: E402
+
+QUICK_SEED = int(os.environ.get("TF_TPU_EMB_FUZZ_SEED", "20261123"))
+QUICK_CASES = int(os.environ.get("TF_TPU_EMB_FUZZ_QUICK_CASES", "25"))
+TIMEOUT = float(os.environ.get("TF_TPU_EMB_FUZZ_TIMEOUT", "60"))
+
+
+def test_runner_classifies_deliberate_failures(tmp_path):
+    requests = [{"family": "selftest", "seed": 1, "index": i} for i in range(6)]
+    results = runner.run_cases(requests, timeout=min(TIMEOUT, 8), log_dir=str(tmp_path))
+    got = [r["outcome"] for r in results]
+    assert got == ["crash", "crash", "hang", "wrong_error", "corruption", "ok"], results
+    assert "SIGABRT" in results[0]["detail"]
+    # AddressSanitizer (make sanitize) reports a SEGV itself and exits with 1
+    assert "SIGSEGV" in results[1]["detail"] or "AddressSanitizer: SEGV" in results[1]["output"]
+    assert "ValueError" in results[3]["detail"]
+    assert "changed" in results[4]["detail"]
+    path = runner.write_reproducer(str(tmp_path / "findings"), requests[1], results[1])
+    assert os.path.exists(path)
+
+
+@pytest.fixture(scope="module")
+def quick_results(tmp_path_factory):
+    """Every family's quick cases, run by one worker (one TensorFlow start)."""
+    requests = [{"family": f, "seed": QUICK_SEED, "index": i}
+                for f in families.FAMILIES for i in range(QUICK_CASES)]
+    results = runner.run_cases(requests, timeout=TIMEOUT,
+                               log_dir=str(tmp_path_factory.mktemp("fuzz")))
+    return list(zip(requests, results))
+
+
+@pytest.mark.parametrize("family", families.FAMILIES)
+def test_quick_profile(family, quick_results):
+    bad = ["case %d: %s: %s\n%s" % (q["index"], r["outcome"], r.get("detail"),
+                                    (r.get("output") or "")[-1500:])
+           for q, r in quick_results if q["family"] == family and r["outcome"] != "ok"]
+    assert not bad, "%d finding(s) (replay: python tests/fuzz/runner.py --families %s " \
+        "--seed %d --cases %d):\n%s" % (len(bad), family, QUICK_SEED, QUICK_CASES,
+                                        "\n".join(bad))
