@@ -29,6 +29,12 @@ a TPU it drives this library's CPU engine:
   before a save and loads them into the engine after a restore.  Checkpoints
   therefore move between this class, TF's ``TPUEmbedding`` and
   ``TPUEmbeddingForServing``.
+
+This module is one concept, TF's ``TPUEmbedding`` surface, and at about 680
+lines it is over the ~600-line mark on purpose: the parts that are not the
+class's own contract already live elsewhere (shape rules in ``layout``, the
+Send in ``send``, engine ownership in ``engine_registry``, table descriptors in
+``optimizers``).
 """
 import collections.abc
 import copy
