@@ -35,7 +35,7 @@ absl::Status Engine::Current(const std::string& op, Engine** engine) {
   return absl::OkStatus();
 }
 
-absl::Status Engine::Install(std::unique_ptr<Engine> engine) {
+absl::Status Engine::Install(EnginePtr engine) {
   std::lock_guard<std::mutex> lock(g_registry_mu);
   if (g_engine != nullptr) {
     return absl::FailedPreconditionError(
@@ -83,9 +83,8 @@ bool Engine::training_by_default() const {
 
 // ---------------------------------------------------------------- creation
 
-absl::Status Engine::Create(const std::string& config_bytes,
-                            std::unique_ptr<Engine>* engine) {
-  std::unique_ptr<Engine> e(new Engine());
+absl::Status Engine::Create(const std::string& config_bytes, EnginePtr* engine) {
+  EnginePtr e(new Engine());
   TF_RETURN_IF_ERROR(e->Init(config_bytes));
   *engine = std::move(e);
   return absl::OkStatus();

@@ -29,6 +29,7 @@
 #include "engine/table.h"
 #include "tensorflow/core/framework/resource_base.h"
 #include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/platform/refcount.h"
 
 namespace tsl {
 namespace thread {
@@ -39,17 +40,22 @@ class ThreadPool;
 namespace tf_tpu_emb {
 
 
+class Engine;
+// The owning handle of an engine that is not installed yet.  The engine is
+// reference counted (a ResourceBase that kernels hold while they run), so it
+// is released through Unref, never deleted directly.
+using EnginePtr = ::tensorflow::core::RefCountPtr<Engine>;
+
 class Engine : public ::tensorflow::ResourceBase {
  public:
   // Validates and completes `config_bytes` and allocates every table.
-  static absl::Status Create(const std::string& config_bytes,
-                             std::unique_ptr<Engine>* engine);
+  static absl::Status Create(const std::string& config_bytes, EnginePtr* engine);
 
   // The configured engine of this process (with a reference the caller
   // owns), or FailedPrecondition naming `op` when there is none.
   static absl::Status Current(const std::string& op, Engine** engine);
   // Installs `engine`; FailedPrecondition when one is already configured.
-  static absl::Status Install(std::unique_ptr<Engine> engine);
+  static absl::Status Install(EnginePtr engine);
   static bool IsConfigured();
   // Uninstalls the engine and cancels its waits (a Recv waiting for other
   // replicas returns Cancelled); kernels still running keep their reference.

@@ -27,7 +27,7 @@ class ConfigureOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("config", &config_));
   }
   void Compute(OpKernelContext* ctx) override {
-    std::unique_ptr<Engine> engine;
+    EnginePtr engine;
     OP_REQUIRES_OK(ctx, Engine::Create(config_, &engine));
     OP_REQUIRES_OK(ctx, Engine::Install(std::move(engine)));
   }

@@ -72,7 +72,7 @@ TEST(StepBarrierTimeoutFromEnvironment) {
 
 // One SGD table "t" (vocab 4, dim 2, lr 0.5) and one feature "f" of
 // input_shape [2] (two bags) with the given combiner.
-std::unique_ptr<Engine> TinyEngine() {
+EnginePtr TinyEngine() {
   TPUEmbeddingConfiguration c;
   c.set_mode(TPUEmbeddingConfiguration::TRAINING);
   c.set_num_tensor_cores(1);
@@ -87,7 +87,7 @@ std::unique_ptr<Engine> TinyEngine() {
   f->set_name("f");
   f->set_table_id(0);
   f->add_input_shape(2);
-  std::unique_ptr<Engine> e;
+  EnginePtr e;
   const absl::Status s = Engine::Create(c.SerializeAsString(), &e);
   if (!s.ok()) std::fprintf(stderr, "Engine::Create: %s\n", std::string(s.message()).c_str());
   if (e) {  // row r = (r, 10 r)
@@ -109,7 +109,7 @@ Tensor Vec(::tensorflow::DataType dtype, const std::vector<T>& v) {
 
 // Row splits [0, 2, 3]: bag 0 = ids {1, 3}, bag 1 = {2}; mean combiner.
 TEST(ArbitraryTensorMapperRowSplitsThenLookup) {
-  std::unique_ptr<Engine> e = TinyEngine();
+  EnginePtr e = TinyEngine();
   ASSERT_TRUE(e != nullptr);
   const Tensor splits = Vec<int64_t>(DT_INT64, {0, 2, 3});
   const Tensor ids = Vec<int64_t>(DT_INT64, {1, 3, 2});
@@ -156,7 +156,7 @@ TEST(ArbitraryTensorMapperRowSplitsThenLookup) {
 }
 
 TEST(InputMapperRefusesBadInputNamingTheFeature) {
-  std::unique_ptr<Engine> e = TinyEngine();
+  EnginePtr e = TinyEngine();
   ASSERT_TRUE(e != nullptr);
   const Tensor splits = Vec<int64_t>(DT_INT64, {0, 2, 3});
   const Tensor ids = Vec<int64_t>(DT_INT64, {1, 4, 2});  // 4 is outside [0, 4)
