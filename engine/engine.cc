@@ -303,7 +303,7 @@ absl::Status Engine::Init(const std::string& config_bytes) {
   step_errors_.resize(num_replicas_);
   num_dynamic_ = tags.size();
   pipelined_ = config_.pipeline_execution_with_tensor_core();
-  absl::StatusOr<double> timeout = StepBarrier::TimeoutFromEnvironment();
+  absl::StatusOr<double> timeout = StepBarrier<Batch>::TimeoutFromEnvironment();
   if (!timeout.ok()) return timeout.status();
   step_barrier_.set_timeout_seconds(*timeout);
   const char* check = std::getenv("TF_TPU_EMB_CHECK_NUMERICS");

@@ -21,6 +21,7 @@ namespace tf_tpu_emb {
 namespace kernels {
 
 // The TF kernel API every kernel file of this folder uses.
+using ::tensorflow::AsyncOpKernel;
 using ::tensorflow::OpInputList;
 using ::tensorflow::OpKernel;
 using ::tensorflow::OpKernelConstruction;
