@@ -1,9 +1,9 @@
 // The CPU embedding engine: tables + optimizer slots, per-replica queues of
 // enqueued batches, the fused lookup that RecvTPUEmbeddingActivations runs
-// and the backward step SendTPUEmbeddingGradients completes.  One engine per
-// process (see Engine::Current): with MirroredStrategy over N logical CPU
-// devices every replica's kernels run on a different device, so a per-device
-// ResourceMgr could not give them one shared engine.
+// and the backward step SendTPUEmbeddingGradients completes.  Engines live in
+// a process-wide registry by name (see Engine::Current), not in a per-device
+// ResourceMgr: with MirroredStrategy over N logical CPU devices every
+// replica's kernels run on a different device and must share one engine.
 //
 // Where each part lives: engine.cc (lifecycle, the process registry,
 // configure), table.{h,cc} (storage, update settings, shard copy), step.cc
@@ -52,16 +52,29 @@ class Engine : public ::tensorflow::ResourceBase {
   // Validates and completes `config_bytes` and allocates every table.
   static absl::Status Create(const std::string& config_bytes, EnginePtr* engine);
 
-  // The configured engine of this process (with a reference the caller
-  // owns), or FailedPrecondition naming `op` when there is none.
-  static absl::Status Current(const std::string& op, Engine** engine);
-  // Installs `engine`; FailedPrecondition when one is already configured.
-  static absl::Status Install(EnginePtr engine);
-  static bool IsConfigured();
-  // Uninstalls the engine and cancels its waits (a Recv waiting for other
-  // replicas returns Cancelled); kernels still running keep their reference.
-  static void Shutdown();
+  // The process registry maps an engine name to its engine.  "" is the
+  // process's default engine, the one TF's core-named ops address (as on a
+  // TPU system); our prefixed ops take an `engine` attr (README "Several
+  // engines per process").
+  //
+  // The configured engine called `name` (with a reference the caller owns),
+  // or FailedPrecondition naming `op` and the engine when there is none.
+  static absl::Status Current(const std::string& op, Engine** engine,
+                              const std::string& name = "");
+  // Installs `engine` as `name`; FailedPrecondition when that name is taken.
+  static absl::Status Install(EnginePtr engine, const std::string& name = "");
+  static bool IsConfigured(const std::string& name = "");
+  // Uninstalls the engine called `name` and cancels its waits (a waiting
+  // Recv returns Cancelled); kernels still running keep their reference, and
+  // its memory is released with the last one.
+  static void Shutdown(const std::string& name = "");
+  // Bytes of table and slot state held by every engine alive in the process
+  // (installed or still referenced): the memory budget counts them all.
+  static int64_t LiveStateBytes();
+  // "the default TPU embedding engine" or "TPU embedding engine 'name'".
+  static std::string Label(const std::string& name);
 
+  ~Engine() override;
   std::string DebugString() const override;
 
   const TPUEmbeddingConfiguration& config() const { return config_; }
@@ -156,6 +169,7 @@ class Engine : public ::tensorflow::ResourceBase {
   int table_without_learning_rate_ = -1;
   bool check_numerics_ = false;
   bool pipelined_ = false;
+  int64_t state_bytes_ = 0;  // counted in LiveStateBytes while this engine lives
 
   // With queue_mu_ held: whether replica's Recv can complete now; Resolve
   // then pops its batch (or the step's abort error).

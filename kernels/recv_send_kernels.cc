@@ -79,7 +79,7 @@ class RecvOp : public AsyncOpKernel {
   // Engine, replica, the config's agreement with the op's, the outputs
   // (allocated before the wait: a failed allocation must not lose a batch).
   absl::Status Prepare(OpKernelContext* ctx, Call* call) const {
-    TF_RETURN_IF_ERROR(call->engine.Acquire(op_));
+    TF_RETURN_IF_ERROR(call->engine.Acquire(ctx, op_));
     const Engine& engine = *call->engine;
     const auto& outs = engine.outputs();
     if (ctx->num_outputs() != static_cast<int>(outs.size()) || shapes_.size() != outs.size()) {
@@ -137,7 +137,7 @@ class SendOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     EngineRef engine;
-    OP_REQUIRES_OK(ctx, engine.Acquire(op_));
+    OP_REQUIRES_OK(ctx, engine.Acquire(ctx, op_));
     const int replica = DeviceReplica(ctx);
     OP_REQUIRES_OK(ctx, ReplicaInRange(op_, replica, *engine));
     std::vector<Tensor> gradients;
