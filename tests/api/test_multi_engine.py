@@ -80,36 +80,41 @@ def _alone(kind, steps=STEPS):
         emb.shutdown()
 
 
+@pytest.fixture
+def pair():
+    """Object "a" and object "b", both shut down at the end."""
+    a, b = _embedding("a"), _embedding("b")
+    yield a, b
+    a.shutdown()
+    b.shutdown()
+
+
 def _assert_same(got, want):
     assert sorted(got) == sorted(want)
     for name in want:
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
 
-def test_two_objects_train_independently_as_each_alone():
+def test_two_objects_train_independently_as_each_alone(pair):
     want_a, want_b = _alone("a"), _alone("b")
-    a, b = _embedding("a"), _embedding("b")
-    try:
-        for s in range(STEPS):  # interleaved, both built and live all along
-            a.enqueue(_batch("a", s))
-            b.enqueue(_batch("b", s))
-            act_b = b.dequeue()
-            act_a = a.dequeue()
-            a.apply_gradients(act_a)
-            b.apply_gradients(act_b)
-        assert a.layout.engine != b.layout.engine
-        assert "" not in (a.layout.engine, b.layout.engine)
-        _assert_same(_tables(a), want_a)
-        _assert_same(_tables(b), want_b)
-        assert np.abs(want_a["ta"] - _ramp(12, 3, 0.01)([12, 3]).numpy()).max() > 1e-3
-    finally:
-        a.shutdown()
-        b.shutdown()
+    a, b = pair
+    for s in range(STEPS):  # interleaved, both built and live all along
+        a.enqueue(_batch("a", s))
+        b.enqueue(_batch("b", s))
+        act_b = b.dequeue()
+        act_a = a.dequeue()
+        a.apply_gradients(act_a)
+        b.apply_gradients(act_b)
+    assert a.layout.engine != b.layout.engine
+    assert "" not in (a.layout.engine, b.layout.engine)
+    _assert_same(_tables(a), want_a)
+    _assert_same(_tables(b), want_b)
+    assert np.abs(want_a["ta"] - _ramp(12, 3, 0.01)([12, 3]).numpy()).max() > 1e-3
 
 
-def test_training_inside_one_tf_function_routes_each_gradient_to_its_engine():
+def test_training_inside_one_tf_function_routes_each_gradient_to_its_engine(pair):
     want_a, want_b = _alone("a"), _alone("b")
-    a, b = _embedding("a"), _embedding("b")
+    a, b = pair
     a.build(B)
     b.build(B)
 
@@ -121,32 +126,24 @@ def test_training_inside_one_tf_function_routes_each_gradient_to_its_engine():
         b.apply_gradients(act_b)
         a.apply_gradients(act_a)
 
-    try:
-        for s in range(STEPS):
-            step(_batch("a", s), _batch("b", s))
-        _assert_same(_tables(a), want_a)
-        _assert_same(_tables(b), want_b)
-    finally:
-        a.shutdown()
-        b.shutdown()
+    for s in range(STEPS):
+        step(_batch("a", s), _batch("b", s))
+    _assert_same(_tables(a), want_a)
+    _assert_same(_tables(b), want_b)
 
 
-def test_shutting_one_down_leaves_the_other_working():
+def test_shutting_one_down_leaves_the_other_working(pair):
     want_b = _alone("b")
-    a, b = _embedding("a"), _embedding("b")
-    try:
-        _step(a, "a", 0)
-        _step(b, "b", 0)
-        engine_a = a.layout.engine
-        a.shutdown()
-        assert not tte_ops.is_tpu_embedding_initialized(engine=engine_a).numpy()
-        assert tte_ops.is_tpu_embedding_initialized(engine=b.layout.engine).numpy()
-        for s in range(1, STEPS):
-            _step(b, "b", s)
-        _assert_same(_tables(b), want_b)
-    finally:
-        a.shutdown()
-        b.shutdown()
+    a, b = pair
+    _step(a, "a", 0)
+    _step(b, "b", 0)
+    engine_a = a.layout.engine
+    a.shutdown()
+    assert not tte_ops.is_tpu_embedding_initialized(engine=engine_a).numpy()
+    assert tte_ops.is_tpu_embedding_initialized(engine=b.layout.engine).numpy()
+    for s in range(1, STEPS):
+        _step(b, "b", s)
+    _assert_same(_tables(b), want_b)
 
 
 def test_a_collected_object_releases_its_engine():
