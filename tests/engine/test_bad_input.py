@@ -606,7 +606,7 @@ def test_ops_before_configure():
     eu.shutdown()
     assert not eu.is_initialized()
     config = feature_config()
-    msg = "the TPU embedding engine is not configured"
+    msg = "the default TPU embedding engine is not configured"
     args = [(np.zeros([0], np.int32), np.arange(B, dtype=np.int64), np.zeros([0], np.float32))] * 3
     _raises(FP, [ARB, msg], _arbitrary(args))
     _raises(FP, [RECV, msg], lambda: eu.recv(config))
