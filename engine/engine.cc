@@ -4,11 +4,13 @@
 // configure (Init: validate and complete the config, check the memory
 // budget, allocate tables and slots, fix every per-table setting).
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -20,43 +22,57 @@ namespace tf_tpu_emb {
 
 namespace {
 std::mutex g_registry_mu;
-Engine* g_engine = nullptr;  // owns one reference
+// name -> engine; each entry owns one reference.
+std::map<std::string, Engine*>& Registry() {
+  static auto* registry = new std::map<std::string, Engine*>();
+  return *registry;
+}
+std::atomic<int64_t> g_live_state_bytes{0};
 }  // namespace
 
-absl::Status Engine::Current(const std::string& op, Engine** engine) {
+std::string Engine::Label(const std::string& name) {
+  return name.empty() ? "the default TPU embedding engine"
+                      : absl::StrCat("TPU embedding engine '", name, "'");
+}
+
+absl::Status Engine::Current(const std::string& op, Engine** engine, const std::string& name) {
   std::lock_guard<std::mutex> lock(g_registry_mu);
-  if (g_engine == nullptr) {
+  auto it = Registry().find(name);
+  if (it == Registry().end()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        op, ": the TPU embedding engine is not configured; run "
-            "ConfigureTPUEmbedding first"));
+        op, ": ", Label(name), " is not configured; run ConfigureTPUEmbedding",
+        name.empty() ? "" : absl::StrCat(" with engine='", name, "'"), " first"));
   }
-  g_engine->Ref();
-  *engine = g_engine;
+  it->second->Ref();
+  *engine = it->second;
   return absl::OkStatus();
 }
 
-absl::Status Engine::Install(EnginePtr engine) {
+absl::Status Engine::Install(EnginePtr engine, const std::string& name) {
   std::lock_guard<std::mutex> lock(g_registry_mu);
-  if (g_engine != nullptr) {
-    return absl::FailedPreconditionError(
-        "ConfigureTPUEmbedding: the TPU embedding engine is already "
-        "configured; run ShutdownTPUEmbedding before configuring it again");
+  if (Registry().count(name) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "ConfigureTPUEmbedding: ", Label(name),
+        " is already configured; run ShutdownTPUEmbedding before configuring it again"));
   }
-  g_engine = engine.release();
+  Registry()[name] = engine.release();
   return absl::OkStatus();
 }
 
-bool Engine::IsConfigured() {
+bool Engine::IsConfigured(const std::string& name) {
   std::lock_guard<std::mutex> lock(g_registry_mu);
-  return g_engine != nullptr;
+  return Registry().count(name) != 0;
 }
 
-void Engine::Shutdown() {
-  Engine* old;
+void Engine::Shutdown(const std::string& name) {
+  Engine* old = nullptr;
   {
     std::lock_guard<std::mutex> lock(g_registry_mu);
-    old = g_engine;
-    g_engine = nullptr;
+    auto it = Registry().find(name);
+    if (it != Registry().end()) {
+      old = it->second;
+      Registry().erase(it);
+    }
   }
   // Kernels still running hold their own references.
   if (old != nullptr) {
@@ -64,6 +80,10 @@ void Engine::Shutdown() {
     old->Unref();
   }
 }
+
+int64_t Engine::LiveStateBytes() { return g_live_state_bytes.load(); }
+
+Engine::~Engine() { g_live_state_bytes -= state_bytes_; }
 
 std::string Engine::DebugString() const {
   return absl::StrCat("tf_tpu_emb engine with ", tables_.size(), " tables, ",
@@ -161,8 +181,12 @@ absl::Status MemoryBudget(int64_t* budget, std::string* source) {
 }
 
 // ResourceExhausted, before anything is allocated, when the tables and
-// their optimizer slots need more bytes than the memory budget.
-absl::Status CheckMemoryBudget(const TPUEmbeddingConfiguration& config) {
+// their optimizer slots need more bytes than the memory budget; *total is
+// what they need.  TF_TPU_EMB_MEMORY_LIMIT_BYTES bounds every live engine
+// together (`live` bytes are held already); the other budgets are measured
+// free memory, which the live engines have taken already.
+absl::Status CheckMemoryBudget(const TPUEmbeddingConfiguration& config, int64_t live,
+                               int64_t* total_bytes) {
   std::vector<std::pair<int64_t, int>> bytes;  // (bytes, table)
   int64_t total = 0;
   for (int t = 0; t < config.table_descriptor_size(); ++t) {
@@ -174,10 +198,12 @@ absl::Status CheckMemoryBudget(const TPUEmbeddingConfiguration& config) {
     }
     bytes.push_back({*b, t});
   }
+  *total_bytes = total;
   int64_t budget = -1;
   std::string source;
   TF_RETURN_IF_ERROR(MemoryBudget(&budget, &source));
-  if (budget < 0 || total <= budget) return absl::OkStatus();
+  if (source != "TF_TPU_EMB_MEMORY_LIMIT_BYTES") live = 0;
+  if (budget < 0 || (total <= budget && live <= budget - total)) return absl::OkStatus();
   std::sort(bytes.begin(), bytes.end(), std::greater<>());
   std::string largest;
   for (size_t i = 0; i < std::min<size_t>(3, bytes.size()); ++i) {
@@ -186,7 +212,9 @@ absl::Status CheckMemoryBudget(const TPUEmbeddingConfiguration& config) {
   }
   return absl::ResourceExhaustedError(absl::StrCat(
       "ConfigureTPUEmbedding: the tables and their optimizer slots need ", total,
-      " bytes but the memory budget is ", budget, " bytes (", source,
+      " bytes",
+      live > 0 ? absl::StrCat(" (other live engines hold ", live, " bytes)") : "",
+      " but the memory budget is ", budget, " bytes (", source,
       "); largest tables (bytes): ", largest,
       ". Set TF_TPU_EMB_MEMORY_LIMIT_BYTES to change the budget."));
 }
@@ -281,7 +309,8 @@ absl::Status Engine::Init(const std::string& config_bytes) {
     outputs_.push_back(std::move(out));
   }
 
-  TF_RETURN_IF_ERROR(CheckMemoryBudget(config_));
+  int64_t state_bytes = 0;
+  TF_RETURN_IF_ERROR(CheckMemoryBudget(config_, LiveStateBytes(), &state_bytes));
   for (Table& table : tables_) {
     const int64_t n = table.vocabulary_size * table.dimension;  // bounded by ValidateConfig
     auto params = std::make_unique<FloatBuffer>();
@@ -296,6 +325,8 @@ absl::Status Engine::Init(const std::string& config_bytes) {
     }
     if (table.update.non_lazy) table.touched.assign(table.vocabulary_size, 0);
   }
+  state_bytes_ = state_bytes;
+  g_live_state_bytes += state_bytes_;
   queues_.resize(num_replicas_);
   in_flight_.resize(num_replicas_);
   in_flight_state_.assign(num_replicas_, kNoBatch);
@@ -303,7 +334,7 @@ absl::Status Engine::Init(const std::string& config_bytes) {
   step_errors_.resize(num_replicas_);
   num_dynamic_ = tags.size();
   pipelined_ = config_.pipeline_execution_with_tensor_core();
-  absl::StatusOr<double> timeout = StepBarrier::TimeoutFromEnvironment();
+  absl::StatusOr<double> timeout = StepBarrier<Batch>::TimeoutFromEnvironment();
   if (!timeout.ok()) return timeout.status();
   step_barrier_.set_timeout_seconds(*timeout);
   const char* check = std::getenv("TF_TPU_EMB_CHECK_NUMERICS");

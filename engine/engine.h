@@ -1,13 +1,14 @@
 // The CPU embedding engine: tables + optimizer slots, per-replica queues of
 // enqueued batches, the fused lookup that RecvTPUEmbeddingActivations runs
-// and the backward step SendTPUEmbeddingGradients completes.  One engine per
-// process (see Engine::Current): with MirroredStrategy over N logical CPU
-// devices every replica's kernels run on a different device, so a per-device
-// ResourceMgr could not give them one shared engine.
+// and the backward step SendTPUEmbeddingGradients completes.  Engines live in
+// a process-wide registry by name (see Engine::Current), not in a per-device
+// ResourceMgr: with MirroredStrategy over N logical CPU devices every
+// replica's kernels run on a different device and must share one engine.
 //
 // Where each part lives: engine.cc (lifecycle, the process registry,
 // configure), table.{h,cc} (storage, update settings, shard copy), step.cc
-// (queues, in-flight batches, the step protocol and its StepBarrier),
+// (queues, in-flight batches, the step protocol and Recv's asynchronous
+// wait on its StepBarrier),
 // lookup.cc (forward), apply.cc (backward), input_mappers.{h,cc} and
 // feature_batch_mapper.cc over mapper_base.h (enqueue inputs -> Batch).
 #ifndef TF_TPU_EMB_ENGINE_ENGINE_H_
@@ -51,16 +52,29 @@ class Engine : public ::tensorflow::ResourceBase {
   // Validates and completes `config_bytes` and allocates every table.
   static absl::Status Create(const std::string& config_bytes, EnginePtr* engine);
 
-  // The configured engine of this process (with a reference the caller
-  // owns), or FailedPrecondition naming `op` when there is none.
-  static absl::Status Current(const std::string& op, Engine** engine);
-  // Installs `engine`; FailedPrecondition when one is already configured.
-  static absl::Status Install(EnginePtr engine);
-  static bool IsConfigured();
-  // Uninstalls the engine and cancels its waits (a Recv waiting for other
-  // replicas returns Cancelled); kernels still running keep their reference.
-  static void Shutdown();
+  // The process registry maps an engine name to its engine.  "" is the
+  // process's default engine, the one TF's core-named ops address (as on a
+  // TPU system); our prefixed ops take an `engine` attr (README "Several
+  // engines per process").
+  //
+  // The configured engine called `name` (with a reference the caller owns),
+  // or FailedPrecondition naming `op` and the engine when there is none.
+  static absl::Status Current(const std::string& op, Engine** engine,
+                              const std::string& name = "");
+  // Installs `engine` as `name`; FailedPrecondition when that name is taken.
+  static absl::Status Install(EnginePtr engine, const std::string& name = "");
+  static bool IsConfigured(const std::string& name = "");
+  // Uninstalls the engine called `name` and cancels its waits (a waiting
+  // Recv returns Cancelled); kernels still running keep their reference, and
+  // its memory is released with the last one.
+  static void Shutdown(const std::string& name = "");
+  // Bytes of table and slot state held by every engine alive in the process
+  // (installed or still referenced): the memory budget counts them all.
+  static int64_t LiveStateBytes();
+  // "the default TPU embedding engine" or "TPU embedding engine 'name'".
+  static std::string Label(const std::string& name);
 
+  ~Engine() override;
   std::string DebugString() const override;
 
   const TPUEmbeddingConfiguration& config() const { return config_; }
@@ -82,9 +96,19 @@ class Engine : public ::tensorflow::ResourceBase {
   // Guards table contents: lookups share it, Load/Send hold it exclusively.
   std::shared_mutex& tables_mutex() { return tables_mu_; }
 
+  // Queues `batch` for `replica` and resumes the oldest Recv waiting on
+  // that replica (only that replica), if its step allows.
   void Enqueue(int replica, Batch batch);
-  // Pops the oldest batch of `replica`; FailedPrecondition when none.
-  absl::Status Dequeue(int replica, Batch* batch);
+  // Recv's wait: the next batch of `replica` once one is enqueued and,
+  // unless the config pipelines execution, the step this replica sent
+  // gradients for has been applied.  Returns true when that holds now
+  // (*status and *batch set; Aborted when the previous step was aborted);
+  // otherwise returns false and `later` runs exactly once, outside the
+  // engine's locks and on whichever thread resolves the wait: with the batch
+  // when it arrives, DeadlineExceeded after the barrier's timeout (naming the
+  // replica and what never came), Cancelled when the engine is shut down.
+  using RecvResume = StepBarrier<Batch>::Resume;
+  bool Recv(int replica, absl::Status* status, Batch* batch, RecvResume later);
   // Recv keeps each replica's last batch: the backward pass
   // (SendTPUEmbeddingGradients) needs its ids, weights and combiners.
   void SetInFlight(int replica, Batch batch);
@@ -111,11 +135,6 @@ class Engine : public ::tensorflow::ResourceBase {
   // Fails the current step for every replica (a replica's Send was invalid):
   // parts already handed in are dropped and waiting Recvs get the error.
   void AbortStep(const std::string& reason);
-  // Recv calls this first: unless the config pipelines execution, it waits
-  // until the step this replica sent gradients for has been applied: at most
-  // the step barrier's timeout (DeadlineExceeded naming the replicas that
-  // never sent), Cancelled when the engine is shut down meanwhile.
-  absl::Status WaitForStep(int replica);
   // Ends every wait of this engine with Cancelled(reason).
   void CancelWaits(const std::string& reason);
 
@@ -145,11 +164,21 @@ class Engine : public ::tensorflow::ResourceBase {
   int submitted_ = 0;
   bool applying_ = false;
   std::vector<std::string> step_errors_;   // per replica, from AbortStep
-  StepBarrier step_barrier_;  // waits on queue_mu_
+  StepBarrier<Batch> step_barrier_{&queue_mu_};  // Recvs waiting, under queue_mu_
   int num_dynamic_ = 0;
   int table_without_learning_rate_ = -1;
   bool check_numerics_ = false;
   bool pipelined_ = false;
+  int64_t state_bytes_ = 0;  // counted in LiveStateBytes while this engine lives
+
+  // With queue_mu_ held: whether replica's Recv can complete now; Resolve
+  // then pops its batch (or the step's abort error).
+  bool RecvReady(int replica) const;
+  absl::Status Resolve(int replica, Batch* batch);
+  // Resumes the waiting Recvs of `replicas` that can complete now.
+  void ReleaseWaiters(int first_replica, int end_replica);
+  // What replica's Recv still waits for (timeout and cancel messages).
+  std::string RecvWaitingFor(int replica) const;
 
   void ApplyStep(const std::vector<std::unique_ptr<StepPart>>& parts,
                  const std::vector<float>& dynamic_inputs, ::tsl::thread::ThreadPool* pool);

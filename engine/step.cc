@@ -1,9 +1,10 @@
 // The step protocol: per-replica queues of enqueued batches, the batch each
 // replica's Recv keeps in flight, the collection of a step's Sends (the last
-// one applies the step for every replica, engine/apply.cc) and the
-// StepBarrier a Recv waits on for the previous step.
+// one applies the step for every replica, engine/apply.cc) and Recv's
+// asynchronous wait (its batch, the previous step) on the StepBarrier.
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "engine/engine.h"
@@ -13,21 +14,80 @@ namespace tf_tpu_emb {
 // ------------------------------------------------------------------ queues
 
 void Engine::Enqueue(int replica, Batch batch) {
-  std::lock_guard<std::mutex> lock(queue_mu_);
-  queues_[replica].push_back(std::move(batch));
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    queues_[replica].push_back(std::move(batch));
+  }
+  ReleaseWaiters(replica, replica + 1);
 }
 
-absl::Status Engine::Dequeue(int replica, Batch* batch) {
-  std::lock_guard<std::mutex> lock(queue_mu_);
-  if (queues_[replica].empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "RecvTPUEmbeddingActivations: nothing has been enqueued for replica ",
-        replica, "; run an EnqueueTPUEmbedding* op (device_ordinal ", replica,
-        ") before each Recv"));
+bool Engine::RecvReady(int replica) const {
+  if (!step_errors_[replica].empty()) return true;
+  if (!pipelined_ && (parts_[replica] || applying_)) return false;
+  return !queues_[replica].empty();
+}
+
+absl::Status Engine::Resolve(int replica, Batch* batch) {
+  if (!step_errors_[replica].empty()) {
+    const std::string error = std::move(step_errors_[replica]);
+    step_errors_[replica].clear();
+    return absl::AbortedError(absl::StrCat(
+        "RecvTPUEmbeddingActivations: the previous training step was aborted: ", error));
   }
   *batch = std::move(queues_[replica].front());
   queues_[replica].pop_front();
   return absl::OkStatus();
+}
+
+std::string Engine::RecvWaitingFor(int replica) const {
+  if (!pipelined_ && (parts_[replica] || applying_)) {
+    std::string missing;
+    for (int r = 0; r < num_replicas_; ++r) {
+      if (!parts_[r]) absl::StrAppend(&missing, missing.empty() ? "" : ", ", r);
+    }
+    return absl::StrCat(
+        "RecvTPUEmbeddingActivations on replica ", replica,
+        applying_ ? " waited for the previous training step to be applied"
+                  : absl::StrCat(" waited for the previous step's gradients from replica(s) ",
+                                 missing, " (of ", num_replicas_,
+                                 ", num_tensor_cores), which never sent them"));
+  }
+  return absl::StrCat("RecvTPUEmbeddingActivations on replica ", replica,
+                      " waited for its batch, but nothing was enqueued for replica ", replica,
+                      ": run an EnqueueTPUEmbedding* op (device_ordinal ", replica,
+                      ") for each Recv");
+}
+
+bool Engine::Recv(int replica, absl::Status* status, Batch* batch, RecvResume later) {
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    if (!step_barrier_.HasWaiter(replica) && RecvReady(replica)) {
+      *status = Resolve(replica, batch);
+      return true;
+    }
+    if (step_barrier_.Wait(replica, std::move(later),
+                           [this, replica] { return RecvWaitingFor(replica); }, status)) {
+      return false;
+    }
+  }
+  return true;  // cancelled: *status says so
+}
+
+void Engine::ReleaseWaiters(int first_replica, int end_replica) {
+  std::vector<std::pair<RecvResume, std::pair<absl::Status, Batch>>> ready;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    for (int r = first_replica; r < end_replica; ++r) {
+      while (RecvReady(r)) {
+        RecvResume resume = step_barrier_.Take(r);
+        if (!resume) break;
+        Batch batch;
+        absl::Status status = Resolve(r, &batch);
+        ready.emplace_back(std::move(resume), std::make_pair(std::move(status), std::move(batch)));
+      }
+    }
+  }
+  for (auto& [resume, result] : ready) resume(std::move(result.first), std::move(result.second));
 }
 
 void Engine::SetInFlight(int replica, Batch batch) {
@@ -71,7 +131,7 @@ absl::Status Engine::Submit(int replica, std::vector<::tensorflow::Tensor> gradi
       std::lock_guard<std::mutex> lock(queue_mu_);
       applying_ = false;
     }
-    step_barrier_.NotifyAll();
+    ReleaseWaiters(0, num_replicas_);
   };
   try {
     std::unique_lock<std::shared_mutex> tables(tables_mu_);
@@ -94,41 +154,16 @@ void Engine::AbortStep(const std::string& reason) {
     }
     submitted_ = 0;
   }
-  step_barrier_.NotifyAll();
-}
-
-absl::Status Engine::WaitForStep(int replica) {
-  if (pipelined_) return absl::OkStatus();
-  std::unique_lock<std::mutex> lock(queue_mu_);
-  auto waiting = [&] {
-    std::string missing;
-    for (int r = 0; r < num_replicas_; ++r) {
-      if (!parts_[r]) absl::StrAppend(&missing, missing.empty() ? "" : ", ", r);
-    }
-    return absl::StrCat(
-        "RecvTPUEmbeddingActivations on replica ", replica,
-        applying_ ? " waited for the previous training step to be applied"
-                  : absl::StrCat(" waited for the previous step's gradients from replica(s) ",
-                                 missing, " (of ", num_replicas_,
-                                 ", num_tensor_cores), which never sent them"));
-  };
-  const absl::Status status = step_barrier_.Wait(
-      lock,
-      [&] { return !step_errors_[replica].empty() || (!parts_[replica] && !applying_); },
-      waiting);
-  if (!status.ok()) return status;
-  if (!step_errors_[replica].empty()) {
-    const std::string error = std::move(step_errors_[replica]);
-    step_errors_[replica].clear();
-    return absl::AbortedError(absl::StrCat(
-        "RecvTPUEmbeddingActivations: the previous training step was aborted: ", error));
-  }
-  return absl::OkStatus();
+  ReleaseWaiters(0, num_replicas_);
 }
 
 void Engine::CancelWaits(const std::string& reason) {
-  std::lock_guard<std::mutex> lock(queue_mu_);
-  step_barrier_.Cancel(reason);
+  std::vector<std::pair<RecvResume, absl::Status>> cancelled;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    cancelled = step_barrier_.Cancel(reason);
+  }
+  for (auto& [resume, status] : cancelled) resume(std::move(status), Batch());
 }
 
 }  // namespace tf_tpu_emb

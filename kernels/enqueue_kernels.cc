@@ -68,7 +68,7 @@ class EnqueueOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     EngineRef engine;
-    OP_REQUIRES_OK(ctx, engine.Acquire(op_));
+    OP_REQUIRES_OK(ctx, engine.Acquire(ctx, op_));
     Batch batch;
     int replica;
     OP_REQUIRES_OK(ctx, Common(ctx, *engine, &replica, &batch.training));

@@ -7,6 +7,8 @@
 #ifndef TF_TPU_EMB_KERNELS_GUARD_H_
 #define TF_TPU_EMB_KERNELS_GUARD_H_
 
+#include <type_traits>
+
 #include "absl/status/status.h"
 #include "engine/exceptions.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -24,11 +26,16 @@ class Guarded : public Kernel {
 };
 
 // A kernel factory for OpKernelRegistrar: construction runs guarded too.
+// An AsyncOpKernel guards each of its phases itself (CatchExceptions around
+// the part before it hands `done` on and around its continuation): a
+// wrapper around ComputeAsync could not tell whether `done` already ran.
 template <typename Kernel>
 ::tensorflow::OpKernel* CreateGuarded(::tensorflow::OpKernelConstruction* ctx) {
+  using Registered = std::conditional_t<std::is_base_of_v<::tensorflow::AsyncOpKernel, Kernel>,
+                                        Kernel, Guarded<Kernel>>;
   ::tensorflow::OpKernel* kernel = nullptr;
   const absl::Status status =
-      CatchExceptions(ctx->def().op(), [&] { kernel = new Guarded<Kernel>(ctx); });
+      CatchExceptions(ctx->def().op(), [&] { kernel = new Registered(ctx); });
   if (!status.ok()) ctx->SetStatus(status);
   return kernel;
 }

@@ -72,7 +72,7 @@ class TableOpBase : public OpKernel {
  public:
   void Compute(OpKernelContext* ctx) override {
     EngineRef engine;
-    OP_REQUIRES_OK(ctx, engine.Acquire(op_));
+    OP_REQUIRES_OK(ctx, engine.Acquire(ctx, op_));
     TableShard shard;
     OP_REQUIRES_OK(ctx, Resolve(*engine, &shard));
     Transfer(ctx, *engine, engine->table(shard.table), shard.rows);
@@ -168,7 +168,7 @@ class AllTablesOpBase : public OpKernel {
  public:
   void Compute(OpKernelContext* ctx) override {
     EngineRef engine;
-    OP_REQUIRES_OK(ctx, engine.Acquire(op_));
+    OP_REQUIRES_OK(ctx, engine.Acquire(ctx, op_));
     std::vector<int64_t> rows;
     OP_REQUIRES_OK(ctx, Shards(*engine, &rows));
     Transfer(ctx, *engine, rows);

@@ -1,7 +1,9 @@
-// The data path: RecvTPUEmbeddingActivations (wait for the previous step,
-// pop this replica's batch, the fused lookup) and SendTPUEmbeddingGradients
+// The data path: RecvTPUEmbeddingActivations (asynchronous: wait for this
+// replica's batch and the previous step, then the fused lookup) and SendTPUEmbeddingGradients
 // (validate the gradients and learning rates, hand them to the step).
 #include <cmath>
+#include <functional>
+#include <memory>
 #include <shared_mutex>
 #include <string>
 #include <utility>
@@ -9,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/engine.h"
+#include "engine/exceptions.h"
 #include "kernels/registration.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -17,9 +20,15 @@ namespace tf_tpu_emb {
 namespace kernels {
 namespace {
 
-class RecvOp : public OpKernel {
+// An AsyncOpKernel: when its replica's batch is not there yet (or the
+// previous step is not applied) it leaves a waiter with the engine and
+// returns its thread; the enqueue (or the step's last Send) that makes it
+// ready resumes it, on the executor's runner, never inline in the enqueuing
+// kernel.  It guards each of its phases itself (kernels/guard.h): `done`
+// runs exactly once.
+class RecvOp : public AsyncOpKernel {
  public:
-  explicit RecvOp(OpKernelConstruction* ctx) : OpKernel(ctx), op_(BareOpName(ctx)) {
+  explicit RecvOp(OpKernelConstruction* ctx) : AsyncOpKernel(ctx), op_(BareOpName(ctx)) {
     std::string bytes;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("config", &bytes));
     TPUEmbeddingConfiguration config;
@@ -27,44 +36,93 @@ class RecvOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ComputeOutputShapes(config, &shapes_));
   }
 
-  void Compute(OpKernelContext* ctx) override {
-    EngineRef engine;
-    OP_REQUIRES_OK(ctx, engine.Acquire(op_));
-    const auto& outs = engine->outputs();
-    OP_REQUIRES(ctx, ctx->num_outputs() == static_cast<int>(outs.size()) &&
-                         shapes_.size() == outs.size(),
-                absl::InvalidArgumentError(absl::StrCat(
-                    op_, ": num_outputs is ", ctx->num_outputs(), " and the op's config has ",
-                    shapes_.size(), " outputs, but the configured engine has ", outs.size())));
-    for (size_t o = 0; o < outs.size(); ++o) {
-      TensorShape attr_shape;
-      OP_REQUIRES_OK(ctx, TensorShape::BuildTensorShape(shapes_[o], &attr_shape));
-      OP_REQUIRES(ctx, attr_shape == outs[o].recv_shape,
-                  absl::InvalidArgumentError(absl::StrCat(
-                      op_, ": output ", o, " has shape ", attr_shape.DebugString(),
-                      " in the op's config but ", outs[o].recv_shape.DebugString(),
-                      " in the configured engine's config")));
-    }
-    const int replica = DeviceReplica(ctx);
-    OP_REQUIRES_OK(ctx, ReplicaInRange(op_, replica, *engine));
-    // Outputs first: a failed allocation must not lose the queued batch.
-    std::vector<float*> out(outs.size());
-    for (size_t o = 0; o < outs.size(); ++o) {
-      Tensor* t;
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(o, outs[o].recv_shape, &t));
-      out[o] = t->flat<float>().data();
-    }
-    OP_REQUIRES_OK(ctx, engine->WaitForStep(replica));
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    auto call = std::make_shared<Call>();
+    absl::Status status;
+    bool now = true;
     Batch batch;
-    OP_REQUIRES_OK(ctx, engine->Dequeue(replica, &batch));
-    {
-      std::shared_lock<std::shared_mutex> lock(engine->tables_mutex());
-      engine->Lookup(batch, out, CpuPool(ctx));
-    }
-    engine->SetInFlight(replica, std::move(batch));
+    const absl::Status thrown = CatchExceptions(op_, [&] {
+      status = Prepare(ctx, call.get());
+      if (!status.ok()) return;
+      std::function<void(std::function<void()>)> runner;
+      if (ctx->runner() != nullptr) runner = *ctx->runner();
+      now = call->engine->Recv(
+          call->replica, &status, &batch,
+          [this, ctx, done, call, runner](absl::Status s, Batch b) {
+            call->batch = std::move(b);
+            auto resume = [this, ctx, done, call, s] {
+              Finish(ctx, call.get(), s);
+              done();
+            };
+            if (runner) {
+              runner(std::move(resume));
+            } else {
+              resume();
+            }
+          });
+    });
+    if (!now) return;  // `later` owns done
+    if (!thrown.ok()) status = thrown;
+    call->batch = std::move(batch);
+    Finish(ctx, call.get(), status);
+    done();
   }
 
  private:
+  struct Call {
+    EngineRef engine;
+    int replica = 0;
+    std::vector<float*> out;
+    Batch batch;
+  };
+
+  // Engine, replica, the config's agreement with the op's, the outputs
+  // (allocated before the wait: a failed allocation must not lose a batch).
+  absl::Status Prepare(OpKernelContext* ctx, Call* call) const {
+    TF_RETURN_IF_ERROR(call->engine.Acquire(ctx, op_));
+    const Engine& engine = *call->engine;
+    const auto& outs = engine.outputs();
+    if (ctx->num_outputs() != static_cast<int>(outs.size()) || shapes_.size() != outs.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          op_, ": num_outputs is ", ctx->num_outputs(), " and the op's config has ",
+          shapes_.size(), " outputs, but the configured engine has ", outs.size()));
+    }
+    for (size_t o = 0; o < outs.size(); ++o) {
+      TensorShape attr_shape;
+      TF_RETURN_IF_ERROR(TensorShape::BuildTensorShape(shapes_[o], &attr_shape));
+      if (attr_shape != outs[o].recv_shape) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            op_, ": output ", o, " has shape ", attr_shape.DebugString(),
+            " in the op's config but ", outs[o].recv_shape.DebugString(),
+            " in the configured engine's config"));
+      }
+    }
+    call->replica = DeviceReplica(ctx);
+    TF_RETURN_IF_ERROR(ReplicaInRange(op_, call->replica, engine));
+    call->out.resize(outs.size());
+    for (size_t o = 0; o < outs.size(); ++o) {
+      Tensor* t;
+      TF_RETURN_IF_ERROR(ctx->allocate_output(o, outs[o].recv_shape, &t));
+      call->out[o] = t->flat<float>().data();
+    }
+    return absl::OkStatus();
+  }
+
+  // The lookup of the batch the wait produced (or the wait's error).
+  void Finish(OpKernelContext* ctx, Call* call, absl::Status status) const {
+    if (status.ok()) {
+      status = CatchExceptions(op_, [&] {
+        Engine& engine = *call->engine;
+        {
+          std::shared_lock<std::shared_mutex> lock(engine.tables_mutex());
+          engine.Lookup(call->batch, call->out, CpuPool(ctx));
+        }
+        engine.SetInFlight(call->replica, std::move(call->batch));
+      });
+    }
+    if (!status.ok()) ctx->SetStatus(status);
+  }
+
   const std::string op_;
   std::vector<TensorShapeProto> shapes_;
 };
@@ -79,7 +137,7 @@ class SendOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     EngineRef engine;
-    OP_REQUIRES_OK(ctx, engine.Acquire(op_));
+    OP_REQUIRES_OK(ctx, engine.Acquire(ctx, op_));
     const int replica = DeviceReplica(ctx);
     OP_REQUIRES_OK(ctx, ReplicaInRange(op_, replica, *engine));
     std::vector<Tensor> gradients;

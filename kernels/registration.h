@@ -21,6 +21,7 @@ namespace tf_tpu_emb {
 namespace kernels {
 
 // The TF kernel API every kernel file of this folder uses.
+using ::tensorflow::AsyncOpKernel;
 using ::tensorflow::OpInputList;
 using ::tensorflow::OpKernel;
 using ::tensorflow::OpKernelConstruction;
@@ -95,12 +96,21 @@ inline ::tsl::thread::ThreadPool* CpuPool(::tensorflow::OpKernelContext* ctx) {
   return ctx->device()->tensorflow_cpu_worker_threads()->workers;
 }
 
-// A reference to the configured engine for the duration of one Compute.
+// The engine a kernel addresses: its `engine` attr on our prefixed ops, ""
+// (the process's default engine) on TF's core-named ops, which have none.
+inline std::string EngineName(const ::tensorflow::NodeDef& def) {
+  const auto& attrs = def.attr();
+  const auto it = attrs.find("engine");
+  return it == attrs.end() ? std::string() : it->second.s();
+}
+
+// A reference to the kernel's configured engine for the duration of one
+// Compute.
 class EngineRef {
  public:
-  absl::Status Acquire(const std::string& op) {
+  absl::Status Acquire(::tensorflow::OpKernelContext* ctx, const std::string& op) {
     Engine* e = nullptr;
-    TF_RETURN_IF_ERROR(Engine::Current(op, &e));
+    TF_RETURN_IF_ERROR(Engine::Current(op, &e, EngineName(ctx->op_kernel().def())));
     ref_.reset(e);
     return absl::OkStatus();
   }

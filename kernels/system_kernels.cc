@@ -1,5 +1,6 @@
 // System ops: ConfigureTPUEmbedding, IsTPUEmbeddingInitialized,
-// ShutdownTPUEmbedding, and TPUEmbeddingActivations (the identity through
+// ShutdownTPUEmbedding (each for the engine its `engine` attr names, the
+// default engine under TF's core names), and TPUEmbeddingActivations (the identity through
 // which autodiff reaches the embedding gradients).
 #include <memory>
 #include <string>
@@ -23,33 +24,43 @@ class TPUEmbeddingActivationsOp : public OpKernel {
 
 class ConfigureOp : public OpKernel {
  public:
-  explicit ConfigureOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit ConfigureOp(OpKernelConstruction* ctx)
+      : OpKernel(ctx), engine_(EngineName(ctx->def())) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("config", &config_));
   }
   void Compute(OpKernelContext* ctx) override {
     EnginePtr engine;
     OP_REQUIRES_OK(ctx, Engine::Create(config_, &engine));
-    OP_REQUIRES_OK(ctx, Engine::Install(std::move(engine)));
+    OP_REQUIRES_OK(ctx, Engine::Install(std::move(engine), engine_));
   }
 
  private:
   std::string config_;
+  const std::string engine_;
 };
 
 class IsInitializedOp : public OpKernel {
  public:
-  explicit IsInitializedOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  explicit IsInitializedOp(OpKernelConstruction* ctx)
+      : OpKernel(ctx), engine_(EngineName(ctx->def())) {}
   void Compute(OpKernelContext* ctx) override {
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
-    out->scalar<bool>()() = Engine::IsConfigured();
+    out->scalar<bool>()() = Engine::IsConfigured(engine_);
   }
+
+ private:
+  const std::string engine_;
 };
 
 class ShutdownOp : public OpKernel {
  public:
-  explicit ShutdownOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
-  void Compute(OpKernelContext* ctx) override { Engine::Shutdown(); }
+  explicit ShutdownOp(OpKernelConstruction* ctx)
+      : OpKernel(ctx), engine_(EngineName(ctx->def())) {}
+  void Compute(OpKernelContext* ctx) override { Engine::Shutdown(engine_); }
+
+ private:
+  const std::string engine_;
 };
 
 bool RegisterKernels() {

@@ -1,6 +1,7 @@
 // Op definitions of tf_tpu_emb: TF's TPU embedding op family under the
 // "TfTpuEmb>" namespace, with the same inputs, outputs, attrs, defaults,
-// constraints, statefulness and shape functions as TF 2.21's core ops.
+// constraints, statefulness and shape functions as TF 2.21's core ops, plus
+// one last attr `engine` on the ops that address an engine (kEngineAttr).
 //
 // TF already registers the bare names; a plugin's REGISTER_OP for those names
 // is silently ignored, which is why ours carry a prefix.  The CPU kernels
@@ -28,6 +29,11 @@ using ::tensorflow::shape_inference::UnknownShape;
 #define TTE_PREFIX "TfTpuEmb>"
 #define TTE_OP(name) REGISTER_OP(TTE_PREFIX name)
 
+// Every op that addresses an engine takes it by name, as its last attr
+// (generated wrappers take attrs positionally: TF's come first, unchanged).
+// "" is the process's default engine, the one TF's core-named ops address.
+constexpr char kEngineAttr[] = "engine: string = ''";
+
 // ---------------------------------------------------------------- data path
 
 absl::Status RecvShapeFn(InferenceContext* c) {
@@ -52,6 +58,7 @@ TTE_OP("RecvTPUEmbeddingActivations")
     .Output("outputs: num_outputs * float32")
     .Attr("num_outputs: int >= 1")
     .Attr("config: string")
+    .Attr(kEngineAttr)
     .SetIsStateful()
     .SetShapeFn(RecvShapeFn);
 
@@ -72,6 +79,7 @@ TTE_OP("SendTPUEmbeddingGradients")
     .Attr("N: int >= 1")
     .Attr("NN: int >= 0 = 0")
     .Attr("config: string")
+    .Attr(kEngineAttr)
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) -> absl::Status {
       std::vector<ShapeHandle> rates;
@@ -103,6 +111,7 @@ TTE_OP("EnqueueTPUEmbeddingIntegerBatch")
     .Input("mode_override: string")
     .Attr("N: int >= 1")
     .Attr("device_ordinal: int = -1")
+    .Attr(kEngineAttr)
     .SetIsStateful()
     .SetShapeFn(UnknownShape);
 
@@ -117,6 +126,7 @@ TTE_OP("EnqueueTPUEmbeddingSparseBatch")
     .Attr("N: int >= 1")
     .Attr("device_ordinal: int = -1")
     .Attr("combiners: list(string) = []")
+    .Attr(kEngineAttr)
     .SetIsStateful()
     .SetShapeFn(CombinersLengthShapeFn);
 
@@ -143,6 +153,7 @@ void RegisterEnqueueOp(const std::string& name, const char* first_input,
         .Attr("max_sequence_lengths: list(int) = []")
         .Attr("num_features: list(int) = []");
   }
+  op.Attr(kEngineAttr);
   op.SetIsStateful().SetShapeFn(UnknownShape);
   op();
 }
@@ -151,18 +162,21 @@ void RegisterEnqueueOp(const std::string& name, const char* first_input,
 
 TTE_OP("ConfigureTPUEmbedding")
     .Attr("config: string")
+    .Attr(kEngineAttr)
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::NoOutputs);
 
 TTE_OP("IsTPUEmbeddingInitialized")
     .Output("is_tpu_embedding_initialized: bool")
     .Attr("config: string = ''")
+    .Attr(kEngineAttr)
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::ScalarShape);
 
 // Ours (TF has no CPU-side counterpart): destroys the engine so that a new
 // ConfigureTPUEmbedding can run.  A no-op when nothing is configured.
 TTE_OP("ShutdownTPUEmbedding")
+    .Attr(kEngineAttr)
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::NoOutputs);
 
@@ -210,6 +224,7 @@ void AddTableSelectorAttrs(OpDefBuilderWrapper& op) {
       .Attr("num_shards: int")
       .Attr("shard_id: int")
       .Attr("config: string = ''")
+      .Attr(kEngineAttr)
       .SetIsStateful();
 }
 
@@ -329,6 +344,7 @@ void RegisterAllTablesOps(const std::string& prefix) {
         .Attr("config: string")
         .Attr("num_shards: int")
         .Attr("shard_id: int")
+        .Attr(kEngineAttr)
         .SetIsStateful();
   }
   load.SetShapeFn(LoadAllShapeFn);

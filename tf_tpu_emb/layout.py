@@ -143,6 +143,7 @@ class Layout:
     (table mode: tables in config order, each table's features in the order
     given; feature mode: feature descriptors in config order).
     ``num_dynamic_inputs``: how many ``learning_rates`` a Send takes.
+    ``engine``: the engine's name (set by the object that configured it).
     """
     config: bytes
     feature_mode: bool
@@ -153,6 +154,9 @@ class Layout:
     output_shapes: Tuple[Tuple[int, ...], ...]
     features: Tuple[LayoutFeature, ...]
     num_dynamic_inputs: int
+    # The engine whose Recv produced these outputs and which the Send of
+    # their gradients must reach ("" = the process's default engine).
+    engine: str = ""
 
     @classmethod
     def from_config(cls, config, table_features=None):

@@ -38,6 +38,7 @@ Send in ``send``, engine ownership in ``engine_registry``, table descriptors in
 """
 import collections.abc
 import copy
+import dataclasses
 import logging
 import weakref
 
@@ -175,6 +176,10 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         self._num_replicas = self._strategy.num_replicas_in_sync
         self._built = False
         self._config = None
+        self._engine = None  # the name of the engine build configured
+        # A front end that keeps one engine name across the objects it
+        # creates (the Keras layer, after a release) sets this before build.
+        self._engine_name = None
         self._layout = None
         self._variables = {}
 
@@ -259,23 +264,20 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                     "fully defined. Please specify the fully defined shape in either "
                     "FeatureConfig or for the build method.")
         with tf.init_scope():
-            if ops.is_tpu_embedding_initialized().numpy():
-                raise RuntimeError(
-                    "TPU is already initialized for embeddings: this process's "
-                    "tf_tpu_emb engine is configured. Only one TPUEmbedding can be built "
-                    "at a time; call tf_tpu_emb.ops.shutdown_tpu_embedding() to drop "
-                    "the previous one.")
+            # An engine of its own (README "Several engines per process"):
+            # other TPUEmbedding objects and the default engine are untouched.
+            self._engine = self._engine_name or engine_registry.new_name()
             self._config = self._create_config_proto().SerializeToString()
-            ops.configure_tpu_embedding(self._config)
-            engine_registry.claim(self)
+            ops.configure_tpu_embedding(self._config, engine=self._engine)
+            engine_registry.claim(self, self._engine)
             try:
-                self._layout = layout_lib.Layout.for_features(
+                self._layout = dataclasses.replace(layout_lib.Layout.for_features(
                     self._config, [t.name for t in self._table_config],
                     [t.dim for t in self._table_config],
                     [(path, self._table_config.index(f.table), shape.as_list())
                      for path, f, shape in zip(self._paths, self._flat_features,
                                                self._output_shapes)],
-                    len(self._dynamic_inputs))
+                    len(self._dynamic_inputs)), engine=self._engine)
                 self._ensure_variables()
                 self._built = True
                 self._load_variables()
@@ -410,14 +412,15 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         with tf.init_scope():
             handles = self._table_ops(table)
             handles.load(*[self._variables[table.name][n] for n in handles.tensors],
-                         num_shards=1, shard_id=0, table_name=table.name)
+                         num_shards=1, shard_id=0, table_name=table.name, engine=self._engine)
 
     def _retrieve_variables(self):
         """Engine -> host variables."""
         with tf.init_scope():
             for table in self._table_config:
                 handles = self._table_ops(table)
-                values = handles.retrieve(num_shards=1, shard_id=0, table_name=table.name)
+                values = handles.retrieve(num_shards=1, shard_id=0, table_name=table.name,
+                                          engine=self._engine)
                 if isinstance(values, tf.Tensor):
                     values = [values]
                 for n, value in zip(handles.tensors, values):
@@ -597,10 +600,10 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         if dynamic:
             return ops.dynamic_enqueue_tpu_embedding_arbitrary_tensor_batch(
                 indices, values, weights, device_ordinal, combiners=combiners,
-                mode_override=mode, name=name)
+                mode_override=mode, engine=self._engine, name=name)
         return ops.enqueue_tpu_embedding_arbitrary_tensor_batch(
             indices, values, weights, device_ordinal=device_ordinal, combiners=combiners,
-            mode_override=mode, name=name)
+            mode_override=mode, engine=self._engine, name=name)
 
     # ------------------------------------------------------ dequeue / gradients
 
@@ -615,7 +618,8 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         feature config's structure (each ``output_shape + [dim]``)."""
         self._require_built("dequeue")
         outputs = ops.recv_tpu_embedding_activations(
-            num_outputs=len(self._flat_features), config=self._config, name=name)
+            num_outputs=len(self._flat_features), config=self._config, engine=self._engine,
+            name=name)
         return nest.pack_sequence_as(self._feature_config, outputs)
 
     def apply_gradients(self, gradients, name=None):

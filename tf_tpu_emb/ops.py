@@ -79,51 +79,51 @@ def tpu_embedding_activations(embedding_variable, sliced_activations, table_id,
         table_id=table_id, lookup_id=lookup_id, name=name)
 
 
-def recv_tpu_embedding_activations(num_outputs, config, name=None):
+def recv_tpu_embedding_activations(num_outputs, config, engine="", name=None):
     """Pops this replica's enqueued batch and returns its activations.
 
     One float32 tensor per table (``[batch * num_features, dim]``) or, when the
     config has feature descriptors, per feature (``input_shape + [dim]``).
     """
     return _gen("RecvTPUEmbeddingActivations")(num_outputs=num_outputs,
-                                                config=config, name=name)
+                                                config=config, engine=engine, name=name)
 
 
-def send_tpu_embedding_gradients(inputs, config, learning_rates=None, name=None):
+def send_tpu_embedding_gradients(inputs, config, learning_rates=None, engine="", name=None):
     """Sends dL/d(activations) (same list and shapes as Recv) to the engine,
     which applies each table's optimizer. ``learning_rates[tag]`` are the
     dynamic learning rates (float32 scalars), empty when all are constant."""
     return _gen("SendTPUEmbeddingGradients")(
         inputs=inputs, learning_rates=list(learning_rates or []), config=config,
-        name=name)
+        engine=engine, name=name)
 
 
 # -------------------------------------------------------------------- enqueue
 
 def enqueue_tpu_embedding_integer_batch(batch, device_ordinal=-1,
-                                        mode_override="unspecified", name=None):
+                                        mode_override="unspecified", engine="", name=None):
     """Enqueues one int32 id per sample for each output (table or feature)."""
     return _gen("EnqueueTPUEmbeddingIntegerBatch")(
         batch=batch, mode_override=mode_override, device_ordinal=device_ordinal,
-        name=name)
+        engine=engine, name=name)
 
 
 def enqueue_tpu_embedding_sparse_batch(sample_indices, embedding_indices,
                                        aggregation_weights, device_ordinal=-1,
                                        combiners=None, mode_override="unspecified",
-                                       name=None):
+                                       engine="", name=None):
     """Table-oriented COO enqueue: ``sample_indices[t]`` addresses rows of table
     t's ``[batch * num_features, dim]`` output directly."""
     return _gen("EnqueueTPUEmbeddingSparseBatch")(
         sample_indices=sample_indices, embedding_indices=embedding_indices,
         aggregation_weights=aggregation_weights, mode_override=mode_override,
-        device_ordinal=device_ordinal, combiners=list(combiners or []), name=name)
+        device_ordinal=device_ordinal, combiners=list(combiners or []), engine=engine, name=name)
 
 
 def enqueue_tpu_embedding_sparse_tensor_batch(
         sample_indices, embedding_indices, aggregation_weights, table_ids,
         device_ordinal=-1, max_sequence_lengths=None, num_features=None,
-        combiners=None, mode_override="unspecified", name=None):
+        combiners=None, mode_override="unspecified", engine="", name=None):
     """Feature-oriented enqueue of ``tf.SparseTensor`` parts (indices, values,
     weight values); ``table_ids[i]`` is the table of feature i."""
     return _gen("EnqueueTPUEmbeddingSparseTensorBatch")(
@@ -131,13 +131,13 @@ def enqueue_tpu_embedding_sparse_tensor_batch(
         aggregation_weights=aggregation_weights, mode_override=mode_override,
         device_ordinal=device_ordinal, combiners=list(combiners or []),
         table_ids=list(table_ids), max_sequence_lengths=list(max_sequence_lengths or []),
-        num_features=list(num_features or []), name=name)
+        num_features=list(num_features or []), engine=engine, name=name)
 
 
 def enqueue_tpu_embedding_ragged_tensor_batch(
         sample_splits, embedding_indices, aggregation_weights, table_ids,
         device_ordinal=-1, max_sequence_lengths=None, num_features=None,
-        combiners=None, mode_override="unspecified", name=None):
+        combiners=None, mode_override="unspecified", engine="", name=None):
     """Feature-oriented enqueue of ``tf.RaggedTensor`` parts (row splits,
     values, weight values); ``table_ids[i]`` is the table of feature i."""
     return _gen("EnqueueTPUEmbeddingRaggedTensorBatch")(
@@ -145,25 +145,25 @@ def enqueue_tpu_embedding_ragged_tensor_batch(
         aggregation_weights=aggregation_weights, mode_override=mode_override,
         device_ordinal=device_ordinal, combiners=list(combiners or []),
         table_ids=list(table_ids), max_sequence_lengths=list(max_sequence_lengths or []),
-        num_features=list(num_features or []), name=name)
+        num_features=list(num_features or []), engine=engine, name=name)
 
 
 def enqueue_tpu_embedding_arbitrary_tensor_batch(
         sample_indices_or_row_splits, embedding_indices, aggregation_weights,
-        device_ordinal=-1, combiners=None, mode_override="unspecified", name=None):
+        device_ordinal=-1, combiners=None, mode_override="unspecified", engine="", name=None):
     """Enqueue positional to the config's feature descriptors: input i is COO
     indices (rank 2), row splits (rank 1) or empty (dense ids)."""
     return _gen("EnqueueTPUEmbeddingArbitraryTensorBatch")(
         sample_indices_or_row_splits=sample_indices_or_row_splits,
         embedding_indices=embedding_indices, aggregation_weights=aggregation_weights,
         mode_override=mode_override, device_ordinal=device_ordinal,
-        combiners=list(combiners or []), name=name)
+        combiners=list(combiners or []), engine=engine, name=name)
 
 
 def dynamic_enqueue_tpu_embedding_ragged_tensor_batch(
         sample_splits, embedding_indices, aggregation_weights, device_ordinal,
         table_ids, max_sequence_lengths=None, num_features=None, combiners=None,
-        mode_override="unspecified", name=None):
+        mode_override="unspecified", engine="", name=None):
     """As :func:`enqueue_tpu_embedding_ragged_tensor_batch`, with the replica
     given by an int32 tensor."""
     return _gen("DynamicEnqueueTPUEmbeddingRaggedTensorBatch")(
@@ -171,37 +171,42 @@ def dynamic_enqueue_tpu_embedding_ragged_tensor_batch(
         aggregation_weights=aggregation_weights, mode_override=mode_override,
         device_ordinal=device_ordinal, combiners=list(combiners or []),
         table_ids=list(table_ids), max_sequence_lengths=list(max_sequence_lengths or []),
-        num_features=list(num_features or []), name=name)
+        num_features=list(num_features or []), engine=engine, name=name)
 
 
 def dynamic_enqueue_tpu_embedding_arbitrary_tensor_batch(
         sample_indices_or_row_splits, embedding_indices, aggregation_weights,
-        device_ordinal, combiners=None, mode_override="unspecified", name=None):
+        device_ordinal, combiners=None, mode_override="unspecified", engine="", name=None):
     """As :func:`enqueue_tpu_embedding_arbitrary_tensor_batch`, with the replica
     given by an int32 tensor."""
     return _gen("DynamicEnqueueTPUEmbeddingArbitraryTensorBatch")(
         sample_indices_or_row_splits=sample_indices_or_row_splits,
         embedding_indices=embedding_indices, aggregation_weights=aggregation_weights,
         mode_override=mode_override, device_ordinal=device_ordinal,
-        combiners=list(combiners or []), name=name)
+        combiners=list(combiners or []), engine=engine, name=name)
 
 
 # --------------------------------------------------------------------- system
 
-def configure_tpu_embedding(config, name=None):
+def configure_tpu_embedding(config, engine="", name=None):
     """Validates and completes ``config`` (a serialized TPUEmbeddingConfiguration)
-    and creates the process's embedding engine with its tables and slots."""
-    return _gen("ConfigureTPUEmbedding")(config=config, name=name)
+    and creates the embedding engine called ``engine`` with its tables and
+    slots.  Every op of this module that addresses an engine takes
+    ``engine=``: "" is the process's default engine, the one TF's core-named
+    ops address; other names are independent engines (README "Several
+    engines per process")."""
+    return _gen("ConfigureTPUEmbedding")(config=config, engine=engine, name=name)
 
 
-def is_tpu_embedding_initialized(config="", name=None):
-    """True when an embedding engine is configured in this process."""
-    return _gen("IsTPUEmbeddingInitialized")(config=config, name=name)
+def is_tpu_embedding_initialized(config="", engine="", name=None):
+    """True when the embedding engine called ``engine`` is configured."""
+    return _gen("IsTPUEmbeddingInitialized")(config=config, engine=engine, name=name)
 
 
-def shutdown_tpu_embedding(name=None):
-    """Destroys the embedding engine (its tables are lost: retrieve them first)."""
-    return _gen("ShutdownTPUEmbedding")(name=name)
+def shutdown_tpu_embedding(engine="", name=None):
+    """Destroys the embedding engine called ``engine`` (its tables are lost:
+    retrieve them first); its memory goes with the last op using it."""
+    return _gen("ShutdownTPUEmbedding")(engine=engine, name=name)
 
 
 # ------------------------------------------------------- fused embedding bag
@@ -226,22 +231,22 @@ def embedding_bag_grad(grad, row_splits, ids, weights, combiner="mean", name=Non
 
 def load_all_tpu_embedding_parameters(parameters, auxiliary1, auxiliary2, auxiliary3,
                                       auxiliary4, auxiliary5, auxiliary6, auxiliary7,
-                                      config, num_shards, shard_id, name=None):
+                                      config, num_shards, shard_id, engine="", name=None):
     """Loads every table's state variables (parameters, then up to 7 slots;
     unused groups are empty tensors) for one shard."""
     return _gen("LoadAllTPUEmbeddingParameters")(
         parameters=parameters, auxiliary1=auxiliary1, auxiliary2=auxiliary2,
         auxiliary3=auxiliary3, auxiliary4=auxiliary4, auxiliary5=auxiliary5,
         auxiliary6=auxiliary6, auxiliary7=auxiliary7, config=config,
-        num_shards=num_shards, shard_id=shard_id, name=name)
+        num_shards=num_shards, shard_id=shard_id, engine=engine, name=name)
 
 
 def retrieve_all_tpu_embedding_parameters(NumTables, config, num_shards, shard_id,
-                                          name=None):
+                                          engine="", name=None):
     """Returns 8 lists (parameters, auxiliary1..7) of one tensor per table."""
     return _gen("RetrieveAllTPUEmbeddingParameters")(
         NumTables=NumTables, config=config, num_shards=num_shards,
-        shard_id=shard_id, name=name)
+        shard_id=shard_id, engine=engine, name=name)
 
 
 TableOps = collections.namedtuple("TableOps", ["info", "tensors", "load", "retrieve"])
@@ -259,17 +264,17 @@ def _make_table_ops(info):
     tensors = ("parameters",) + info.slots
 
     def load(*args, num_shards, shard_id, table_id=-1, table_name="", config="",
-             name=None, **kwargs):
+             engine="", name=None, **kwargs):
         kwargs.update(zip(tensors, args))
         return _gen(load_name)(num_shards=num_shards, shard_id=shard_id,
                                table_id=table_id, table_name=table_name,
-                               config=config, name=name, **kwargs)
+                               config=config, engine=engine, name=name, **kwargs)
 
     def retrieve(*, num_shards, shard_id, table_id=-1, table_name="", config="",
-                 name=None):
+                 engine="", name=None):
         return _gen(retrieve_name)(num_shards=num_shards, shard_id=shard_id,
                                    table_id=table_id, table_name=table_name,
-                                   config=config, name=name)
+                                   config=config, engine=engine, name=name)
 
     load.__name__ = load.__qualname__ = _snake(load_name)
     retrieve.__name__ = retrieve.__qualname__ = _snake(retrieve_name)

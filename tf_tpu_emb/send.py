@@ -91,7 +91,8 @@ def build_send(layout, gradients, learning_rates=None, *, config=None, control_i
     ``gradients``: one dense gradient per ``layout.features`` entry, in that
     order; ``learning_rates[tag]``: the dynamic inputs; ``config`` defaults
     to ``layout.config``; ``control_inputs`` are made control dependencies;
-    ``device`` (e.g. the Recv's, which picks the replica) places the Send.
+    ``device`` (e.g. the Recv's, which picks the replica) places the Send;
+    it reaches ``layout.engine``, the engine whose Recv produced the outputs.
     Returns the Send op (``None`` in eager mode).
     """
     rates = learning_rates_for(layout, learning_rates)
@@ -99,7 +100,8 @@ def build_send(layout, gradients, learning_rates=None, *, config=None, control_i
     with placement, tf.control_dependencies(_control_ops(control_inputs)):
         return _ops.send_tpu_embedding_gradients(
             _layout.send_inputs(layout, gradients),
-            layout.config if config is None else config, learning_rates=rates, name=name)
+            layout.config if config is None else config, learning_rates=rates,
+            engine=layout.engine, name=name)
 
 
 def send_gradients_op(layout, feature_to_gradient, learning_rates=None, config=None,

@@ -32,6 +32,7 @@ import tensorflow as tf
 from tensorflow.python.trackable import autotrackable
 
 import tf_tpu_emb
+from tf_tpu_emb import engine_registry
 from tf_tpu_emb import ops as tte_ops
 
 import mid_level_common as mc  # noqa: E402
@@ -46,12 +47,13 @@ SLOTS = {name: mc.optimizer_case(name)[2] for name in OPTIMIZERS}
 
 @pytest.fixture(autouse=True)
 def release_engine():
-    """No test may leave the process's single engine configured."""
+    """No test may leave an engine configured."""
     tf_tpu_emb.load_library()
-    tte_ops.shutdown_tpu_embedding()
     try:
         yield
     finally:
+        for owner in engine_registry.owners():
+            owner.shutdown()
         tte_ops.shutdown_tpu_embedding()
 
 
@@ -276,7 +278,7 @@ def test_unbuilt_object_errors():
                            r"Please either call enqueue first or manually call the build "
                            r"method\.$" % what):
             call()
-    assert not tte_ops.is_tpu_embedding_initialized().numpy()
+    assert not engine_registry.engines()
 
 
 def test_gradient_errors():
@@ -337,7 +339,7 @@ def test_build_rules():
         with pytest.raises(ValueError, match="Only one of"):
             emb.build(per_replica_input_shapes=mc.nested(
                 {p: tf.TensorShape([B]) for p in mc.PATHS}), per_replica_batch_size=B)
-        assert not tte_ops.is_tpu_embedding_initialized().numpy()
+        assert not engine_registry.engines()
 
         emb.build(per_replica_batch_size=B)
         config = emb.config_proto
@@ -358,20 +360,16 @@ def test_build_rules():
         assert all(emb._variables[n][k] is v  # pylint: disable=protected-access
                    for n, d in variables.items() for k, v in d.items())
 
-        # A second object cannot build while this one holds the engine ...
+        # A second object builds an engine of its own while this one holds its
+        # engine (README "Several engines per process") ...
         other, _, _ = new_embedding("sgd")
-        with pytest.raises(RuntimeError, match="already initialized"):
-            other.build(per_replica_batch_size=B)
-        with pytest.raises(RuntimeError, match="already initialized"):
-            other.enqueue(*mc.to_tensors(mc.make_batch(np.random.default_rng(0))))
-        # ... and can once it is shut down.
-        emb.shutdown()
-        assert not tte_ops.is_tpu_embedding_initialized().numpy()
         other.build(per_replica_batch_size=B)
+        assert engine_registry.engines() == [emb.layout.engine, other.layout.engine]
         mc.run_training(tf.distribute.get_strategy(), other, "sgd", [("direct", False)])
-        # shutdown of an object that no longer owns the engine leaves it alone.
+        # ... and shutting this one down leaves the other's engine alone.
         emb.shutdown()
-        assert tte_ops.is_tpu_embedding_initialized().numpy()
+        emb.shutdown()  # a second shutdown is a no-op
+        assert engine_registry.engines() == [other.layout.engine]
         other.shutdown()
     finally:
         emb.shutdown()

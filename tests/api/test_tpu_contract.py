@@ -28,6 +28,7 @@ from tensorflow.python.tpu import tpu_embedding_v1
 from tensorflow.python.tpu import tpu_embedding_v2
 
 import tf_tpu_emb
+from tf_tpu_emb import engine_registry
 from tf_tpu_emb import gradients as gradients_lib
 from tf_tpu_emb import ops as tte_ops
 
@@ -199,7 +200,7 @@ class TestBuild:
         emb = tf_tpu_emb.TPUEmbedding(tuple_config(), E.SGD(0.1))
         with pytest.raises(ValueError, match="same nested structure|same number of elements"):
             emb.build([[2], [2]])
-        assert not tte_ops.is_tpu_embedding_initialized().numpy()
+        assert not engine_registry.engines()
 
     def test_shapes_must_agree_with_feature_config(self):
         """TF checks shapes given at build against ``FeatureConfig.output_shape``."""
@@ -209,7 +210,7 @@ class TestBuild:
         assert str(info.value) == ("Inconsistent shape founded for input feature 0, Output "
                                    "shape is set to be (4,), But got incoming output shape (2,)")
         assert_tf_message(str(info.value))
-        assert not tte_ops.is_tpu_embedding_initialized().numpy()
+        assert not engine_registry.engines()
         emb.build([[4], [2], [2]])   # agreeing shapes build
         assert self.input_shapes(emb) == [[4], [2], [2]]
         emb.shutdown()
@@ -233,14 +234,15 @@ class TestBuild:
         with pytest.raises(ValueError, match="Only one of per_replica_input_shapes"):
             emb.build([[2], [2], [2]], 2)
 
-    def test_second_build_is_a_no_op_and_engine_taken_is_runtime_error(self):
+    def test_second_build_is_a_no_op_and_a_second_object_has_its_own_engine(self):
         emb = tf_tpu_emb.TPUEmbedding(tuple_config(), E.SGD(0.1))
         emb.build(2)
         emb.build(5)                      # TF: returns at once when built
         assert self.input_shapes(emb) == [[2], [2], [2]]
         other = tf_tpu_emb.TPUEmbedding(tuple_config(), E.SGD(0.1))
-        with pytest.raises(RuntimeError, match="^TPU is already initialized for embeddings"):
-            other.build(2)   # (TF's text goes on about TPU scopes; ours names the remedy)
+        other.build(2)  # (on a TPU system: "TPU is already initialized"; here engines are per object)
+        assert engine_registry.engines() == [emb.layout.engine, other.layout.engine]
+        other.shutdown()
         emb.shutdown()
 
     def test_failure_after_configure_releases_the_engine(self):
@@ -252,7 +254,7 @@ class TestBuild:
         emb = tf_tpu_emb.TPUEmbedding([E.FeatureConfig(table)], E.Adagrad(0.1))
         with pytest.raises(RuntimeError, match="initializer broke"):
             emb.build(2)
-        assert not tte_ops.is_tpu_embedding_initialized().numpy()
+        assert not engine_registry.engines()
         assert not emb._built  # pylint: disable=protected-access
         fresh = tf_tpu_emb.TPUEmbedding(tuple_config(), E.Adagrad(0.1))
         fresh.build(2)
@@ -389,7 +391,7 @@ class TestEmbeddingTables:
         assert [t.name for t in ours_tables] == [t.name for t in their_tables]
         for a, b in zip(ours_tables.values(), their_tables.values()):
             np.testing.assert_array_equal(a.numpy(), b.numpy())
-        assert not tte_ops.is_tpu_embedding_initialized().numpy()
+        assert not engine_registry.engines()
         user = list(ours_tables)[1]
         ours_tables[user].assign(tf.fill([8, 2], 5.0))
         emb.build(2)

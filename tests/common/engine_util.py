@@ -128,16 +128,50 @@ def is_initialized():
     return bool(tf.raw_ops.IsTPUEmbeddingInitialized().numpy())
 
 
+RECV_TIMEOUT_VARIABLE = "TF_TPU_EMB_STEP_TIMEOUT_SECONDS"
+
+
+@contextlib.contextmanager
+def recv_timeout(seconds):
+    """Sets the Recv wait's timeout for the engines configured inside (the
+    engine reads it at configure)."""
+    old = os.environ.get(RECV_TIMEOUT_VARIABLE)
+    os.environ[RECV_TIMEOUT_VARIABLE] = str(seconds)
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[RECV_TIMEOUT_VARIABLE]
+        else:
+            os.environ[RECV_TIMEOUT_VARIABLE] = old
+
+
 @contextlib.contextmanager
 def engine(config):
-    """Configures the engine with `config` and always shuts it down."""
+    """Configures the engine with `config` and always shuts it down.  A
+    single-replica engine gets a 1 s Recv timeout unless the environment sets
+    one: its Recv only ever waits for an enqueue, so a Recv with nothing
+    enqueued fails fast (assert_nothing_enqueued)."""
     tf_tpu_emb.load_library()
     shutdown()  # a previous test that died half-way must not leak its engine
-    tf.raw_ops.ConfigureTPUEmbedding(config=serialize(config))
+    if config.num_tensor_cores <= 1 and RECV_TIMEOUT_VARIABLE not in os.environ:
+        with recv_timeout(1):
+            tf.raw_ops.ConfigureTPUEmbedding(config=serialize(config))
+    else:
+        tf.raw_ops.ConfigureTPUEmbedding(config=serialize(config))
     try:
         yield config
     finally:
         shutdown()
+
+
+def assert_nothing_enqueued(config, replica=0):
+    """A Recv with nothing enqueued waits, then fails with the documented
+    DeadlineExceeded naming the replica (README "Waits")."""
+    import pytest
+    with pytest.raises(tf.errors.DeadlineExceededError,
+                       match="nothing was enqueued for replica %d" % replica):
+        recv(config)
 
 
 def recv(config, num_outputs=None):

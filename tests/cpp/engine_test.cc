@@ -3,6 +3,8 @@
 // expected values are computed by hand (docs/tpu_embedding_semantics.md).
 // The engine's translation units are compiled into this one (a unity
 // build: one compile for the whole engine, see tests/cpp/build.py).
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
@@ -28,46 +30,147 @@ using ::tensorflow::DT_INT64;
 using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
 
+// A waiter's resumes, counted (each must run exactly once).
+struct Resumed {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::pair<absl::Status, int>> calls;
+  StepBarrier<int>::Resume Callback() {
+    return [this](absl::Status s, int payload) {
+      std::lock_guard<std::mutex> lock(mu);
+      calls.emplace_back(std::move(s), payload);
+      cv.notify_all();
+    };
+  }
+  // Waits (at most 60 s) until `n` resumes ran.
+  bool WaitFor(size_t n) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, std::chrono::seconds(60), [&] { return calls.size() >= n; });
+  }
+};
+
 TEST(StepBarrierCancelEndsTheWait) {
   std::mutex mu;
-  StepBarrier barrier;
-  std::thread canceller([&] {
+  StepBarrier<int> barrier(&mu);
+  Resumed resumed;
+  absl::Status status;
+  {
     std::lock_guard<std::mutex> lock(mu);
-    barrier.Cancel("shut down");
-  });
-  std::unique_lock<std::mutex> lock(mu);
-  const absl::Status s = barrier.Wait(lock, [] { return false; }, [] { return "waiting for r1"; });
-  lock.unlock();
-  canceller.join();
-  EXPECT_ERROR(s, Code::kCancelled, "shut down; waiting for r1");
-  // Every later wait is cancelled at once.
-  lock.lock();
-  EXPECT_ERROR(barrier.Wait(lock, [] { return false; }, [] { return "again"; }),
-               Code::kCancelled, "again");
+    ASSERT_TRUE(barrier.Wait(1, resumed.Callback(), [] { return "waiting for r1"; }, &status));
+  }
+  std::vector<std::pair<StepBarrier<int>::Resume, absl::Status>> cancelled;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    cancelled = barrier.Cancel("shut down");
+  }
+  ASSERT_EQ(cancelled.size(), size_t{1});
+  cancelled[0].first(cancelled[0].second, 0);
+  ASSERT_EQ(resumed.calls.size(), size_t{1});
+  EXPECT_ERROR(resumed.calls[0].first, Code::kCancelled, "shut down; waiting for r1");
+  // Every later wait is cancelled at once (and registers nothing).
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_TRUE(!barrier.Wait(1, resumed.Callback(), [] { return "again"; }, &status));
+  EXPECT_ERROR(status, Code::kCancelled, "again");
+  EXPECT_TRUE(!barrier.HasWaiter(1));
 }
 
 TEST(StepBarrierTimesOut) {
   std::mutex mu;
-  StepBarrier barrier;
+  StepBarrier<int> barrier(&mu);
   barrier.set_timeout_seconds(0.01);
-  std::unique_lock<std::mutex> lock(mu);
-  EXPECT_ERROR(barrier.Wait(lock, [] { return false; }, [] { return "replica 1 never sent"; }),
-               Code::kDeadlineExceeded, "replica 1 never sent (timed out after");
-  EXPECT_OK(barrier.Wait(lock, [] { return true; }, [] { return ""; }));
+  Resumed resumed;
+  absl::Status status;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ASSERT_TRUE(barrier.Wait(1, resumed.Callback(), [] { return "replica 1 never sent"; },
+                             &status));
+  }
+  ASSERT_TRUE(resumed.WaitFor(1));
+  EXPECT_ERROR(resumed.calls[0].first, Code::kDeadlineExceeded,
+               "replica 1 never sent (timed out after 0.01 s; TF_TPU_EMB_STEP_TIMEOUT_SECONDS");
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_TRUE(!barrier.HasWaiter(1));
+  EXPECT_TRUE(barrier.Take(1) == nullptr);
+}
+
+TEST(StepBarrierTakeHandsOverTheOldestWaiterOfItsKeyOnly) {
+  std::mutex mu;
+  StepBarrier<int> barrier(&mu);
+  Resumed r0, r1a, r1b;
+  absl::Status status;
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_TRUE(barrier.Wait(0, r0.Callback(), [] { return "0"; }, &status));
+  ASSERT_TRUE(barrier.Wait(1, r1a.Callback(), [] { return "1a"; }, &status));
+  ASSERT_TRUE(barrier.Wait(1, r1b.Callback(), [] { return "1b"; }, &status));
+  EXPECT_TRUE(barrier.Take(2) == nullptr);
+  StepBarrier<int>::Resume first = barrier.Take(1);
+  ASSERT_TRUE(first != nullptr);
+  first(absl::OkStatus(), 7);
+  EXPECT_EQ(r1a.calls.size(), size_t{1});
+  EXPECT_EQ(r1b.calls.size(), size_t{0});
+  EXPECT_EQ(r0.calls.size(), size_t{0});
+  EXPECT_EQ(r1a.calls[0].second, 7);
+  EXPECT_TRUE(barrier.HasWaiter(0) && barrier.HasWaiter(1));
+  barrier.Take(1)(absl::OkStatus(), 8);
+  barrier.Take(0)(absl::OkStatus(), 9);
+  EXPECT_TRUE(!barrier.HasWaiter(0) && !barrier.HasWaiter(1));
+  EXPECT_EQ(r1b.calls[0].second, 8);
+  EXPECT_EQ(r0.calls[0].second, 9);
+}
+
+// Hand-over, timeout and cancel race on many waiters: each resumes once.
+TEST(StepBarrierResumesEachWaiterExactlyOnceUnderRaces) {
+  std::mutex mu;
+  StepBarrier<int> barrier(&mu);
+  barrier.set_timeout_seconds(0.002);
+  constexpr int kWaiters = 400;
+  Resumed resumed;
+  absl::Status status;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (int i = 0; i < kWaiters; ++i) {
+      ASSERT_TRUE(barrier.Wait(i % 4, resumed.Callback(), [] { return "w"; }, &status));
+    }
+  }
+  std::vector<std::thread> takers;
+  for (int k = 0; k < 4; ++k) {
+    takers.emplace_back([&, k] {
+      for (;;) {
+        StepBarrier<int>::Resume r;
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          r = barrier.Take(k);
+          if (r == nullptr && !barrier.HasWaiter(k)) return;
+        }
+        if (r) r(absl::OkStatus(), k);
+      }
+    });
+  }
+  std::vector<std::pair<StepBarrier<int>::Resume, absl::Status>> cancelled;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    cancelled = barrier.Cancel("shut down");
+  }
+  for (auto& [r, s] : cancelled) r(s, -1);
+  for (auto& t : takers) t.join();
+  ASSERT_TRUE(resumed.WaitFor(kWaiters));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // a late duplicate would show
+  std::lock_guard<std::mutex> lock(resumed.mu);
+  EXPECT_EQ(resumed.calls.size(), size_t{kWaiters});
 }
 
 TEST(StepBarrierTimeoutFromEnvironment) {
-  setenv(StepBarrier::kTimeoutVariable, "2.5", 1);
-  absl::StatusOr<double> t = StepBarrier::TimeoutFromEnvironment();
+  setenv(StepBarrier<int>::kTimeoutVariable, "2.5", 1);
+  absl::StatusOr<double> t = StepBarrier<int>::TimeoutFromEnvironment();
   ASSERT_OK(t.status());
   EXPECT_NEAR(*t, 2.5, 0.0);
-  setenv(StepBarrier::kTimeoutVariable, "-1", 1);
-  EXPECT_ERROR(StepBarrier::TimeoutFromEnvironment().status(), Code::kInvalidArgument,
+  setenv(StepBarrier<int>::kTimeoutVariable, "-1", 1);
+  EXPECT_ERROR(StepBarrier<int>::TimeoutFromEnvironment().status(), Code::kInvalidArgument,
                "TF_TPU_EMB_STEP_TIMEOUT_SECONDS must be a number of seconds");
-  unsetenv(StepBarrier::kTimeoutVariable);
-  t = StepBarrier::TimeoutFromEnvironment();
+  unsetenv(StepBarrier<int>::kTimeoutVariable);
+  t = StepBarrier<int>::TimeoutFromEnvironment();
   ASSERT_OK(t.status());
-  EXPECT_NEAR(*t, StepBarrier::kDefaultTimeoutSeconds, 0.0);
+  EXPECT_NEAR(*t, StepBarrier<int>::kDefaultTimeoutSeconds, 0.0);
 }
 
 // One SGD table "t" (vocab 4, dim 2, lr 0.5) and one feature "f" of
@@ -137,7 +240,9 @@ TEST(ArbitraryTensorMapperRowSplitsThenLookup) {
   // with the mean's 1/2, bag 1's reaches row 2; w <- w - 0.5 g.
   e->Enqueue(0, Batch(batch));
   Batch popped;
-  ASSERT_OK(e->Dequeue(0, &popped));
+  absl::Status status;
+  ASSERT_TRUE(e->Recv(0, &status, &popped, nullptr));  // ready: `later` unused
+  ASSERT_OK(status);
   e->SetInFlight(0, std::move(popped));
   Tensor grad(DT_FLOAT, TensorShape({2, 2}));
   auto g = grad.flat<float>();

@@ -139,7 +139,7 @@ def enqueue_oom(raw, config):
         try:
             eu.recv(config)
             result["queue_after"] = "not empty"
-        except tf.errors.FailedPreconditionError as e:
+        except tf.errors.DeadlineExceededError as e:
             result["queue_after"] = e.message
         eu.enqueue_arbitrary([(eu.empty(tf.int32), np.arange(4, dtype=np.int64), weights)])
         result["shapes"] = [list(o.shape) for o in eu.recv(config)]

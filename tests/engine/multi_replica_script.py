@@ -65,7 +65,9 @@ def main():
     rng = np.random.default_rng(0)
     cfg = config()
     combiners = ["mean", "sqrtn"]
-    with eu.engine(cfg):
+    # No Sends here: a Recv only waits for its enqueue, so a short timeout
+    # makes the Recvs with nothing enqueued fail fast.
+    with eu.recv_timeout(1), eu.engine(cfg):
         tables = eu.load_random_tables(cfg, 0)
 
         # 1. explicit device_ordinal from CPU:0, Recv under CPU:k (reverse order)
@@ -89,11 +91,12 @@ def main():
         eu.enqueue_arbitrary(args_of(first), combiners=combiners, device_ordinal=2)
         eu.enqueue_arbitrary(args_of(second), combiners=combiners, device_ordinal=2)
         for k in (0, 1, 3):
-            expect_error(lambda: recv_on(k, cfg), tf.errors.FailedPreconditionError,
-                         "replica %d" % k)
+            expect_error(lambda: recv_on(k, cfg), tf.errors.DeadlineExceededError,
+                         "nothing was enqueued for replica %d" % k)
         check(recv_on(2, cfg), first, tables, "fifo first")
         check(recv_on(2, cfg), second, tables, "fifo second")
-        expect_error(lambda: recv_on(2, cfg), tf.errors.FailedPreconditionError, "replica 2")
+        expect_error(lambda: recv_on(2, cfg), tf.errors.DeadlineExceededError,
+                     "nothing was enqueued for replica 2")
 
         # 4. Dynamic variant: ordinal from a tensor; and the default device
         b3 = batch(rng)
@@ -109,8 +112,8 @@ def main():
                                                   device_ordinal=R),
                      tf.errors.InvalidArgumentError, "replica %d is out of range" % R)
         for k in range(R):
-            expect_error(lambda: recv_on(k, cfg), tf.errors.FailedPreconditionError,
-                         "replica %d" % k)
+            expect_error(lambda: recv_on(k, cfg), tf.errors.DeadlineExceededError,
+                         "nothing was enqueued for replica %d" % k)
 
         # 6. one tf.function enqueuing for every replica and receiving on each
         serialized = cfg.SerializeToString()

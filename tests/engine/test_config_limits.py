@@ -140,7 +140,8 @@ CHILD_CASES = {
         ["need %d bytes" % (2 ** 40 * 8 * 4 * 2), "largest tables (bytes): 't' %d"
          % (2 ** 40 * 8 * 4 * 2), "TF_TPU_EMB_MEMORY_LIMIT_BYTES"]),
     # 3. C++ exceptions become TF errors (checked in test_enqueue_out_of_memory)
-    "enqueue_oom": (feature([4], dim=4, vocab=10), "enqueue_oom", {}, None, []),
+    "enqueue_oom": (feature([4], dim=4, vocab=10), "enqueue_oom",
+                    {"TF_TPU_EMB_STEP_TIMEOUT_SECONDS": "1"}, None, []),
     # 5. waits end: shutdown, and the timeout (checked in the tests below)
     "recv_wait_shutdown": (feature([4], cores=2), "recv_waits", {}, None, []),
     "recv_wait_timeout": (feature([4], cores=3), "recv_waits",
@@ -212,7 +213,7 @@ def test_enqueue_out_of_memory_is_an_error_and_changes_nothing(child_results):
     assert r["error"] is None, r
     assert r.get("enqueue_error") == RE, r
     assert "out of memory" in r["enqueue_message"], r
-    assert "nothing has been enqueued for replica 0" in r["queue_after"], r
+    assert "nothing was enqueued for replica 0" in r["queue_after"], r
     assert r["shapes"] == [[4, 4]]
 
 

@@ -378,7 +378,7 @@ class Executor:
             if r in self.maybe_aborted:
                 try:
                     self.op_recv(r)
-                except (tf.errors.AbortedError, tf.errors.FailedPreconditionError):
+                except (tf.errors.AbortedError, tf.errors.DeadlineExceededError):
                     pass
                 except Finding:
                     pass
@@ -394,8 +394,10 @@ class Executor:
                         num_outputs=len(families.outputs_of(self.config)), config=self.config_bytes)
                 raise Finding("corruption", "replica %d: the queue holds more batches than "
                               "were accepted" % r)
-            except tf.errors.FailedPreconditionError:
-                pass
+            except tf.errors.DeadlineExceededError as e:  # the wait for a batch timed out
+                if "nothing was enqueued for replica %d" % r not in e.message:
+                    raise Finding("wrong_error", "replica %d: an empty queue's Recv failed "
+                                  "with: %s" % (r, e.message[:300]))
         self.check_snapshot("after the case")
 
     # ---------------------------------------------------- load / retrieve

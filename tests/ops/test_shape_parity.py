@@ -33,6 +33,7 @@ from tensorflow.core.framework import tensor_shape_pb2
 from tensorflow.core.protobuf.tpu import optimization_parameters_pb2 as opt_pb2
 from tensorflow.core.protobuf.tpu import tpu_embedding_configuration_pb2 as config_pb2
 from tensorflow.python.framework import op_def_library
+from tensorflow.python.framework import op_def_registry
 
 from tf_tpu_emb import ops as tte_ops
 from tf_tpu_emb.optimizers import OPTIMIZERS
@@ -489,13 +490,20 @@ def build_pair(bare, **kwargs):
     with tf.Graph().as_default():
         cache = {}
         core = _try_build(bare, kwargs, cache, "core")
-        ours = _try_build(PREFIX + bare, kwargs, cache, "ours")
+        ours = _try_build(PREFIX + bare, _with_engine(bare, kwargs), cache, "ours")
     return core, ours
+
+
+def _with_engine(bare, kwargs):
+    """Our op's kwargs: its last attr `engine` (absent from TF's op) as the
+    generated wrapper passes it by default."""
+    attrs = [a.name for a in op_def_registry.get(PREFIX + bare).attr]
+    return dict(kwargs, engine="") if "engine" in attrs else kwargs
 
 
 def build_ours(bare, **kwargs):
     with tf.Graph().as_default():
-        return _try_build(PREFIX + bare, kwargs, {}, "ours")
+        return _try_build(PREFIX + bare, _with_engine(bare, kwargs), {}, "ours")
 
 
 # InvalidArgument messages our shape functions reproduce (or share with TF's
@@ -944,7 +952,7 @@ def test_extra_table_ops_behave_like_core_ones(info):
         with tf.Graph().as_default():
             named = {(tensors[int(k[1:])] if k.startswith("_") else k): v
                      for k, v in kwargs.items()}
-            return _try_build(PREFIX + bare, named, {}, "ours")
+            return _try_build(PREFIX + bare, _with_engine(bare, named), {}, "ours")
 
     twin_results = _table_op_cases("LoadTPUEmbedding%sParameters" % twin.op_infix,
                                    "RetrieveTPUEmbedding%sParameters" % twin.op_infix, n,

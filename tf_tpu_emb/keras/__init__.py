@@ -7,7 +7,7 @@
   ``keras.models.load_model``, ``get_weights``/``set_weights``.
 * :func:`export_serving` -- a SavedModel of the whole Keras model made of stock
   ops (the layer becomes ``serving_embedding_lookup`` of its tables).
-* :func:`release_engine` / :func:`engine_owner` -- the process has one engine.
+* :func:`release_engine` / :func:`engine_owner` -- each layer holds an engine of its own.
 * :func:`fix_distributed_fit` -- lets ``fit``/``evaluate``/``predict`` under a
   ``tf.distribute`` strategy take SparseTensor/RaggedTensor inputs (a Keras 3
   workaround, from :mod:`tf_tpu_emb.keras.v0_layers`; both layers apply it to
@@ -37,7 +37,7 @@ Example::
     model.fit(dataset, epochs=2)   # ({"watched": SparseTensor, "liked": ids}, labels)
     model.save("model.keras")
     tf_tpu_emb.keras.export_serving("serving/", model)   # stock ops only
-    layer.release()                # the process has one engine
+    layer.release()                # frees its engine now (not only at gc)
     loaded = keras.models.load_model("model.keras")
 
 Importing this module imports Keras; ``import tf_tpu_emb`` alone does not.

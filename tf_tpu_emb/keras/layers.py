@@ -43,15 +43,16 @@ features and dequeues their activations (one step of the engine):
   under a multi-replica strategy) there is no engine queue to feed: inference
   calls there look up the layer's (engine-refreshed) weights with stock ops,
   training calls raise.
-* **One engine per process.**  The engine is configured lazily, by the first
-  call that runs (not by building or loading a model), and released by
-  :meth:`TPUEmbeddingLayer.release` (or :func:`release_engine`), or when the
-  layer is garbage collected.  Before a second model with this layer runs in
-  the same process (e.g. after ``keras.models.load_model``), release the
-  first one (``old_layer.release()``; or ``del old_model; gc.collect()``).
-  A released layer keeps its tables in its weights and re-acquires the engine
-  on its next eager call or trace; functions Keras already traced for it
-  (``model.predict`` ...) must not run while another layer owns the engine.
+* **An engine per layer** (README "Several engines per process").  The
+  layer's engine is configured lazily, by the first call that runs (not by
+  building or loading a model), and released by
+  :meth:`TPUEmbeddingLayer.release` (or :func:`release_engine`, for every
+  layer), or when the layer is garbage collected.  Several layers, in one
+  model or in several (e.g. a model and its ``keras.models.load_model`` copy),
+  run side by side.  A released layer keeps its tables in its weights and
+  re-acquires its engine (same name) on its next eager call or trace;
+  functions Keras already traced for it (``model.predict`` ...) fail with
+  FailedPrecondition until then.
 
 **Weights.**  The engine holds the truth during training.  The layer mirrors
 every table state (``parameters`` and the optimizer's slots) in a
@@ -116,19 +117,19 @@ except ImportError:  # pragma: no cover
 __all__ = ["TPUEmbeddingLayer", "release_engine", "engine_owner", "stock_lookup"]
 
 def engine_owner():
-    """The :class:`TPUEmbeddingLayer` whose engine is configured in this process, or None."""
-    layer = engine_registry.holder()
-    return layer if isinstance(layer, TPUEmbeddingLayer) else None
+    """The :class:`TPUEmbeddingLayer` that most recently configured an engine
+    and still holds it, or None (each layer holds an engine of its own)."""
+    layers = [h for h in engine_registry.holders() if isinstance(h, TPUEmbeddingLayer)]
+    return layers[-1] if layers else None
 
 
 def release_engine():
-    """Releases the engine held by a :class:`TPUEmbeddingLayer` (its tables are kept
-    in its weights).  Returns True if a layer held it."""
-    layer = engine_owner()
-    if layer is None:
-        return False
-    layer.release()
-    return True
+    """Releases the engines held by every :class:`TPUEmbeddingLayer` (their
+    tables are kept in their weights).  Returns True if a layer held one."""
+    layers = [h for h in engine_registry.holders() if isinstance(h, TPUEmbeddingLayer)]
+    for layer in layers:
+        layer.release()
+    return bool(layers)
 
 
 def _safe(name):
@@ -149,6 +150,9 @@ class _State:
         self.dummies = []            # Keras variables, by table id
         self.mirrors = []            # per table: [(state name, mirrors.TableVariable)]
         self.acquired = False        # the engine is configured by this layer
+        # The layer's engine name: the same for every TPUEmbedding it takes
+        # (after a release), so functions traced before still address it.
+        self.engine_name = engine_registry.new_name("keras_layer")
         self.layout = None
         self.per_replica_batch = None
         self.num_replicas = 1
@@ -269,7 +273,9 @@ class TPUEmbeddingLayer(keras.layers.Layer):
 
     def _new_embedding(self):
         st = self._state
-        return mid_level.TPUEmbedding(st.feature_config, st.optimizer, self._pipeline)
+        emb = mid_level.TPUEmbedding(st.feature_config, st.optimizer, self._pipeline)
+        emb._engine_name = st.engine_name  # pylint: disable=protected-access
+        return emb
 
     def build(self, input_shape=None):
         st = self._state
@@ -350,15 +356,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
                                  % (x,))
             shapes.append(tf.TensorShape([batch] + shape[1:]))
         with tf.init_scope():
-            if ops_lib.is_tpu_embedding_initialized().numpy():
-                owner = engine_owner()
-                raise RuntimeError(
-                    "The tf_tpu_emb engine of this process is in use%s. Only one "
-                    "TPUEmbeddingLayer (or TPUEmbedding) can run at a time: call "
-                    "release() on the other layer (tf_tpu_emb.keras.release_engine()), "
-                    "or delete its model (del model; gc.collect()), before running "
-                    "layer '%s'." % (" by layer '%s'" % owner.name if owner is not None
-                                     else "", self.name))
+            # Each layer's TPUEmbedding configures an engine of its own.
             # A TPUEmbedding builds once: after a release, take a fresh one.
             if st.embedding is None or st.embedding._config is not None:  # pylint: disable=protected-access
                 st.embedding = self._new_embedding()
@@ -389,6 +387,10 @@ class TPUEmbeddingLayer(keras.layers.Layer):
                 st.embedding.shutdown()
         st.acquired = False
 
+    def _engine_name(self):
+        """The layer's engine (configured while acquired)."""
+        return self._state.engine_name
+
     @staticmethod
     def _table_ops(table):
         """The typed Load/Retrieve handles of the table's optimizer."""
@@ -403,7 +405,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
             for tid in (range(len(st.tables)) if table_ids is None else table_ids):
                 table = st.tables[tid]
                 self._table_ops(table).load(*[v.value for _, v in st.mirrors[tid]], num_shards=1, shard_id=0,
-                     table_name=table.name)
+                     table_name=table.name, engine=self._engine_name())
 
     def _maybe_sync_from_engine(self, force=False):
         """Engine -> mirrors, if a training step may have changed the tables."""
@@ -418,7 +420,8 @@ class TPUEmbeddingLayer(keras.layers.Layer):
             try:
                 for tid, table in enumerate(st.tables):
                     values = self._table_ops(table).retrieve(
-                        num_shards=1, shard_id=0, table_name=table.name)
+                        num_shards=1, shard_id=0, table_name=table.name,
+                        engine=self._engine_name())
                     if isinstance(values, tf.Tensor):
                         values = [values]
                     for (_, var), value in zip(st.mirrors[tid], values):
