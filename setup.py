@@ -14,6 +14,7 @@ import concurrent.futures
 import glob
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -66,6 +67,11 @@ def tf_build_flags():
     # The TPU-embedding config protos are compiled into libtensorflow_cc, which
     # `import tensorflow` always loads; link it so --no-undefined holds.
     lflags = list(info["lflags"]) + ["-l:libtensorflow_cc.so.2"]
+    # Run-time search path for TF's two libraries, so a process that loads
+    # the plugin without Python (TF_LoadLibrary from C, TF-Java, Go) needs no
+    # LD_LIBRARY_PATH: first TF beside the installed package
+    # (site-packages/tensorflow), then TF's directory at build time.
+    lflags += ["-Wl,-rpath,$ORIGIN/../tensorflow", "-Wl,-rpath," + info["libdir"]]
     return info, cflags, lflags
 
 
@@ -76,6 +82,25 @@ SANITIZE_FLAGS = ["-fsanitize=address,undefined",
 def sanitizing():
     """TF_TPU_EMB_SANITIZE=1 (``make sanitize``): an ASan + UBSan build."""
     return os.environ.get("TF_TPU_EMB_SANITIZE", "0") != "0"
+
+
+def native_build():
+    """TF_TPU_EMB_NATIVE=1: opt-in build for the build machine's CPU only."""
+    return os.environ.get("TF_TPU_EMB_NATIVE", "0") != "0"
+
+
+def target_flags():
+    """The instruction set.  By default a portable baseline (x86-64-v2: any
+    x86-64 CPU TensorFlow's own wheels run on), with the hot loops cloned for
+    AVX2 and AVX-512 and picked at run time (core/cpu_dispatch.h); a wheel
+    built here runs on other machines.  TF_TPU_EMB_NATIVE=1 compiles
+    everything for this machine's CPU instead (the library then crashes with
+    an illegal instruction on an older CPU)."""
+    if native_build():
+        return ["-march=native", "-DTF_TPU_EMB_NATIVE_BUILD"]
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        return ["-march=x86-64-v2", "-mtune=generic"]
+    return []
 
 
 def compiler_and_flags():
@@ -95,10 +120,7 @@ def compiler_and_flags():
         # those checks are off; every other UBSan check stays on.
         opt = ["-O1", "-DNDEBUG", "-fno-math-errno"] + SANITIZE_FLAGS + [
             "-fno-omit-frame-pointer", "-g"]
-    if os.environ.get("TF_TPU_EMB_NATIVE", "1") != "0":
-        # The library is built on the machine that runs it (source install),
-        # so the embedding loops may use every vector unit it has.
-        opt.append("-march=native")
+    opt += target_flags()
     common = cflags + opt + [
         "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wundef",
         "-Wno-unused-parameter", "-Wno-sign-compare",
@@ -141,6 +163,33 @@ class TFBuildExt(build_ext):
                 f.write(text)
 
 
+SUPPORTED_TF = ">=2.16,<2.22"
+
+
+def tensorflow_requirement():
+    """The install requirement on TensorFlow, naming the distribution that
+    provides the `tensorflow` module here (tensorflow, tensorflow-cpu, ...):
+    the library is compiled against that TensorFlow, and requiring another
+    distribution name would make pip install a second TensorFlow over it.
+    Without any TensorFlow installed: `tensorflow` (the build then stops
+    with a message, tf_build_flags)."""
+    from importlib import metadata
+    try:
+        dists = metadata.packages_distributions().get("tensorflow", [])
+    except Exception:  # very old importlib.metadata
+        dists = []
+    # keras and others also ship files under tensorflow/; keep the ones whose
+    # name says TensorFlow.
+    names = [d for d in dists if d.lower().replace("_", "-").startswith(("tensorflow", "tf-"))]
+    name = names[0].replace("_", "-") if names else "tensorflow"
+    return name + SUPPORTED_TF
+
+
+def read(name):
+    with open(os.path.join(HERE, name), encoding="utf-8") as f:
+        return f.read()
+
+
 # Guarded so that tests/cpp/build.py can import this file for
 # compiler_and_flags() (pip runs it as __main__).
 if __name__ == "__main__":
@@ -148,12 +197,27 @@ if __name__ == "__main__":
         name="tf_tpu_emb",
         version="0.1.0",
         description="TensorFlow's TPU embedding ops, engine and APIs, running on CPU",
+        long_description=read("README.md"),
+        long_description_content_type="text/markdown",
+        license="Apache-2.0",
+        classifiers=[
+            "Development Status :: 4 - Beta",
+            "Intended Audience :: Developers",
+            "Intended Audience :: Science/Research",
+            "License :: OSI Approved :: Apache Software License",
+            "Operating System :: POSIX :: Linux",
+            "Programming Language :: C++",
+            "Programming Language :: Python :: 3",
+            "Programming Language :: Python :: 3 :: Only",
+            "Topic :: Scientific/Engineering :: Artificial Intelligence",
+        ],
         packages=find_packages(include=["tf_tpu_emb", "tf_tpu_emb.*"]),
         ext_modules=[Extension(LIB_NAME, sources=SOURCES, depends=HEADERS)],
         cmdclass={"build_ext": TFBuildExt},
         python_requires=">=3.9",
-        install_requires=["numpy"],
-        extras_require={"tensorflow": ["tensorflow>=2.21,<2.22"],
-                        "tensorflow-cpu": ["tensorflow-cpu>=2.21,<2.22"]},
+        install_requires=["numpy", tensorflow_requirement()],
+        extras_require={"demo": ["matplotlib"],
+                        "tensorflow": ["tensorflow" + SUPPORTED_TF],
+                        "tensorflow-cpu": ["tensorflow-cpu" + SUPPORTED_TF]},
         zip_safe=False,
     )
