@@ -23,10 +23,11 @@ echo "== sdist"
   { tail -40 "$OUT/sdist.log"; exit 1; }
 SDIST="$(ls "$OUT"/dist/tf_tpu_emb-*.tar.gz)"
 # Everything the build reads must be in it (the C++ of every layer).
+tar -tzf "$SDIST" | sed 's|^[^/]*/||' >"$OUT/sdist.files"
 for f in $(git ls-files core engine kernels ops setup.py pyproject.toml LICENSE MANIFEST.in); do
-  tar -tzf "$SDIST" | grep -qx "tf_tpu_emb-[^/]*/$f" || { echo "sdist lacks $f"; exit 1; }
+  grep -qxF "$f" "$OUT/sdist.files" || { echo "sdist lacks $f"; exit 1; }
 done
-if tar -tzf "$SDIST" | grep -E '\.so$|_build_info\.py$'; then echo "sdist carries build outputs"; exit 1; fi
+if grep -E '\.so$|_build_info\.py$' "$OUT/sdist.files"; then echo "sdist carries build outputs"; exit 1; fi
 
 echo "== wheel from the sdist"
 "$PY" -m pip wheel -q --no-build-isolation --no-deps -w "$OUT/dist" "$SDIST" >"$OUT/wheel.log" 2>&1 ||
