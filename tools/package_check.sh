@@ -47,6 +47,7 @@ mkdir -p "$OUT/run"
 cp -r tests "$OUT/run/tests"
 find "$OUT/run" -name __pycache__ -prune -exec rm -rf {} +
 cd "$OUT/run"
+export TF_CPP_MIN_LOG_LEVEL=3
 "$OUT/venv/bin/python" - "$NEW_SITE" <<'PYEOF'
 import os, sys, tf_tpu_emb
 assert tf_tpu_emb.__file__.startswith(sys.argv[1]), tf_tpu_emb.__file__
