@@ -43,7 +43,8 @@ absl::Status ActivationsGradient(const ::tensorflow::Scope& scope,
 }
 
 // Registers the gradient under our prefixed name and TF's core name, unless
-// the running TensorFlow already has one (its registry aborts on duplicates).
+// the running TensorFlow already has one (its registry aborts on a second
+// registration of a name).
 void RegisterActivationsGradient() {
   auto* registry = ::tensorflow::ops::GradOpRegistry::Global();
   for (const std::string name : {kPrefix + std::string("TPUEmbeddingActivations"),
