@@ -11,6 +11,7 @@ SRCS    = $(wildcard ops/*.cc engine/*.cc kernels/*.cc core/*.h engine/*.h kerne
 PYTEST_ARGS ?=
 
 .PHONY: all venv build test cpp-test demo movielens bench bazel-check bazel-install clean fuzz sanitize
+.PHONY: package-check
 
 all: build
 
@@ -88,3 +89,12 @@ sanitize: venv
 
 clean:
 	rm -rf build *.egg-info tf_tpu_emb/*.so tf_tpu_emb/_build_info.py $(VENV)/.built
+
+# ----------------------------------------------------------------------------
+# `make package-check`: the pip package as users get it -- sdist, a wheel
+# built by pip from it, installed into a fresh virtualenv that shares this
+# one's TensorFlow, and part of the suite run against that install from
+# outside the source tree (tools/package_check.sh).
+package-check: venv
+	$(PIP) install -q build
+	bash tools/package_check.sh $(CURDIR)/$(PY) $(CURDIR)/build/package-check

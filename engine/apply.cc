@@ -9,6 +9,7 @@
 #include <limits>
 #include <mutex>
 
+#include "core/cpu_dispatch.h"
 #include "engine/engine.h"
 #include "xla/tsl/platform/threadpool.h"
 
@@ -83,7 +84,9 @@ inline int PartitionOf(int64_t id, int bits) {
 // Accumulates (or, without gradient accumulation, applies one by one) the
 // contributions [begin, end) of one partition: ids of a partition belong to
 // no other, so partitions update disjoint rows.  Order is the contribution
-// order, so results do not depend on the number of threads.
+// order, so results do not depend on the number of threads.  Carries the
+// CPU dispatch of core/cpu_dispatch.h (UpdateRow is inlined into it).
+TF_TPU_EMB_CPU_DISPATCH
 void ApplyPartition(TableStep& ts, int64_t begin, int64_t end) {
   const int dim = ts.table->dimension;
   std::vector<float> g(dim), w_old(dim);

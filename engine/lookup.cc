@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/cpu_dispatch.h"
 #include "engine/engine.h"
 #include "xla/tsl/platform/threadpool.h"
 
@@ -17,6 +18,37 @@ inline float Quantize(const Table& t, float x) {
   const float c = std::min(std::max(x, t.quant_lower), t.quant_upper);
   const float q = std::floor((c - t.quant_lower) / t.quant_step + 0.5f);
   return q * t.quant_step + t.quant_lower;
+}
+
+// Bags [begin, end) of the flattened index space of Engine::Lookup (one
+// function, so that it carries the CPU dispatch of core/cpu_dispatch.h).
+TF_TPU_EMB_CPU_DISPATCH
+void LookupRange(const Engine& engine, const Batch& batch, const std::vector<float*>& out,
+                 const std::vector<int64_t>& starts, int64_t begin, int64_t end) {
+  const std::vector<OutputSpec>& outputs = engine.outputs();
+  int o = std::upper_bound(starts.begin(), starts.end(), begin) - starts.begin() - 1;
+  for (int64_t i = begin; i < end; ++i) {
+    while (i >= starts[o + 1]) ++o;
+    const int64_t p = i - starts[o];
+    const OutputBatch& ob = batch.outputs[o];
+    const Table& table = engine.table(outputs[o].table);
+    const int64_t lo = ob.offsets[p], n = ob.offsets[p + 1] - lo;
+    const int64_t* ids = ob.ids.data() + lo;
+    const float* w = ob.weights.empty() ? nullptr : ob.weights.data() + lo;
+    const Combiner c = ob.slot_combiners[p % ob.slot_combiners.size()];
+    float* dst = out[o] + p * table.dimension;
+    const float* base = table.state[0]->data();
+    const int dim = table.dimension;
+    if (table.quantize) {
+      auto q = [&table](float x) { return Quantize(table, x); };
+      if (w) ReduceBag<true>(base, dim, ids, w, n, c, dst, q);
+      else ReduceBag<false>(base, dim, ids, w, n, c, dst, q);
+    } else {
+      auto identity = [](float x) { return x; };
+      if (w) ReduceBag<true>(base, dim, ids, w, n, c, dst, identity);
+      else ReduceBag<false>(base, dim, ids, w, n, c, dst, identity);
+    }
+  }
 }
 
 }  // namespace
@@ -39,29 +71,7 @@ void Engine::Lookup(const Batch& batch, const std::vector<float*>& out,
   const int64_t cost = (1 + total_ids / total) * avg_dim * 4 + avg_dim;
 
   auto work = [&](int64_t begin, int64_t end) {
-    int o = std::upper_bound(starts.begin(), starts.end(), begin) - starts.begin() - 1;
-    for (int64_t i = begin; i < end; ++i) {
-      while (i >= starts[o + 1]) ++o;
-      const int64_t p = i - starts[o];
-      const OutputBatch& ob = batch.outputs[o];
-      const Table& table = tables_[outputs_[o].table];
-      const int64_t lo = ob.offsets[p], n = ob.offsets[p + 1] - lo;
-      const int64_t* ids = ob.ids.data() + lo;
-      const float* w = ob.weights.empty() ? nullptr : ob.weights.data() + lo;
-      const Combiner c = ob.slot_combiners[p % ob.slot_combiners.size()];
-      float* dst = out[o] + p * table.dimension;
-      const float* base = table.state[0]->data();
-      const int dim = table.dimension;
-      if (table.quantize) {
-        auto q = [&table](float x) { return Quantize(table, x); };
-        if (w) ReduceBag<true>(base, dim, ids, w, n, c, dst, q);
-        else ReduceBag<false>(base, dim, ids, w, n, c, dst, q);
-      } else {
-        auto identity = [](float x) { return x; };
-        if (w) ReduceBag<true>(base, dim, ids, w, n, c, dst, identity);
-        else ReduceBag<false>(base, dim, ids, w, n, c, dst, identity);
-      }
-    }
+    LookupRange(*this, batch, out, starts, begin, end);
   };
   if (pool == nullptr) {
     work(0, total);

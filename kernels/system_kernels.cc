@@ -1,13 +1,17 @@
 // System ops: ConfigureTPUEmbedding, IsTPUEmbeddingInitialized,
 // ShutdownTPUEmbedding (each for the engine its `engine` attr names, the
-// default engine under TF's core names), and TPUEmbeddingActivations (the identity through
-// which autodiff reaches the embedding gradients).
+// default engine under TF's core names), and TPUEmbeddingActivations (the
+// identity through which autodiff reaches the embedding gradients) with its
+// gradient in TF's C++ gradient registry (TF_AddGradients: C, TF-Java, Go).
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "engine/engine.h"
 #include "kernels/registration.h"
+#include "tensorflow/cc/framework/grad_op_registry.h"
+#include "tensorflow/cc/framework/gradients.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
 namespace tf_tpu_emb {
@@ -21,6 +25,35 @@ class TPUEmbeddingActivationsOp : public OpKernel {
   // so that autodiff reaches the embedding gradients.
   void Compute(OpKernelContext* ctx) override { ctx->set_output(0, ctx->input(1)); }
 };
+
+// Gradient of TPUEmbeddingActivations(embedding_variable, sliced_activations)
+// for graph builders without Python (TF_AddGradients, semantics §3): the
+// gradient w.r.t. embedding_variable is the incoming gradient of the
+// activations, so differentiating the loss w.r.t. each lookup's
+// embedding_variable yields exactly the tensor SendTPUEmbeddingGradients
+// takes for that lookup; sliced_activations (a Recv output) gets none.
+// Python keeps its own gradient (tf_tpu_emb/gradients.py, TF's collection
+// protocol); this registry is only consulted by TF's C++ gradient builder.
+absl::Status ActivationsGradient(const ::tensorflow::Scope& scope,
+                                 const ::tensorflow::Operation& op,
+                                 const std::vector<::tensorflow::Output>& grad_inputs,
+                                 std::vector<::tensorflow::Output>* grad_outputs) {
+  grad_outputs->push_back(grad_inputs[0]);
+  grad_outputs->push_back(::tensorflow::NoGradient());
+  return scope.status();
+}
+
+// Registers the gradient under our prefixed name and TF's core name, unless
+// the running TensorFlow already has one (its registry aborts on a second
+// registration of a name).
+void RegisterActivationsGradient() {
+  auto* registry = ::tensorflow::ops::GradOpRegistry::Global();
+  for (const std::string name : {kPrefix + std::string("TPUEmbeddingActivations"),
+                                 std::string("TPUEmbeddingActivations")}) {
+    ::tensorflow::ops::GradFunc existing = nullptr;
+    if (!registry->Lookup(name, &existing).ok()) registry->Register(name, ActivationsGradient);
+  }
+}
 
 class ConfigureOp : public OpKernel {
  public:
@@ -68,6 +101,7 @@ bool RegisterKernels() {
   RegisterCpuKernel<ConfigureOp>("ConfigureTPUEmbedding");
   RegisterCpuKernel<IsInitializedOp>("IsTPUEmbeddingInitialized");
   RegisterCpuKernel<ShutdownOp>("ShutdownTPUEmbedding", /*core=*/false);
+  RegisterActivationsGradient();
   return true;
 }
 

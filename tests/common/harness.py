@@ -39,6 +39,13 @@ def run_python(args, *, timeout, input=None, unset=(), cwd=None):
                           text=True, env=child_env(unset), timeout=timeout, cwd=cwd)
 
 
+def run_program(argv, *, timeout, unset=(), cwd=None):
+    """Runs a non-Python program (a compiled client) in a child with the same
+    environment as ``run_python``; returns its CompletedProcess."""
+    return subprocess.run(list(argv), capture_output=True, text=True, env=child_env(unset),
+                          timeout=timeout, cwd=cwd)
+
+
 def script(layer_file, name):
     """Path of the child script `name` beside the test file `layer_file`."""
     return os.path.join(os.path.dirname(os.path.abspath(layer_file)), name)

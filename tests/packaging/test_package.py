@@ -1,0 +1,82 @@
+"""The pip package: its metadata (version, licence, requirements, extras) and
+the portable build (no AVX outside the run-time-dispatched clones,
+core/cpu_dispatch.h).  These pass for an editable install and for a wheel
+(`make package-check` runs them against one)."""
+import platform
+import re
+import shutil
+import subprocess
+from importlib import metadata
+
+import pytest
+
+import tf_tpu_emb
+from tf_tpu_emb import _loader
+
+
+def _dist():
+    return metadata.distribution("tf_tpu_emb")
+
+
+def _tensorflow_distributions():
+    names = metadata.packages_distributions().get("tensorflow", [])
+    return {re.sub(r"[-_.]+", "-", n).lower() for n in names}
+
+
+def test_version_is_the_package_version():
+    assert _dist().version == tf_tpu_emb.__version__
+
+
+def test_licence_and_classifiers():
+    meta = _dist().metadata
+    assert meta["License"] == "Apache-2.0" or "Apache-2.0" in (meta["License-Expression"] or "")
+    classifiers = meta.get_all("Classifier")
+    assert "License :: OSI Approved :: Apache Software License" in classifiers
+    assert any(c.startswith("Programming Language :: Python :: 3") for c in classifiers)
+
+
+def test_tensorflow_requirement_is_met_by_the_installed_tensorflow():
+    """The requirement names the distribution that provides `tensorflow` here
+    (tensorflow-cpu for this suite), so pip never installs a second
+    TensorFlow; its range is the supported one."""
+    requires = _dist().requires
+    tf_reqs = [r for r in requires if re.match(r"(tensorflow|tf-)[-\w]*\s*[<>=!~]", r)
+               and "extra ==" not in r]
+    assert len(tf_reqs) == 1, requires
+    name, spec = re.match(r"([-\w.]+)\s*(.*)", tf_reqs[0]).groups()
+    assert re.sub(r"[-_.]+", "-", name).lower() in _tensorflow_distributions(), tf_reqs
+    assert set(spec.replace(" ", "").split(",")) == {">=2.16", "<2.22"}, spec
+
+
+def test_demo_extra_brings_matplotlib():
+    requires = _dist().requires
+    assert any(r.startswith("matplotlib") and 'extra == "demo"' in r for r in requires), requires
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the portable baseline is x86-64's")
+def test_portable_build_uses_avx_only_in_dispatched_clones():
+    """The default build targets x86-64-v2: an instruction on ymm/zmm
+    registers (AVX, AVX2, AVX-512) may appear only in the clones the loader
+    selects for a CPU that has them."""
+    from tf_tpu_emb import _build_info
+
+    if getattr(_build_info, "NATIVE", False):
+        pytest.skip("built with TF_TPU_EMB_NATIVE=1 (the opt-in native build)")
+    if shutil.which("objdump") is None:
+        pytest.skip("objdump (binutils) is not installed")
+    asm = subprocess.run(["objdump", "-d", "--no-show-raw-insn", "-C", _loader.library_path()],
+                         capture_output=True, text=True, check=True).stdout
+    function, offenders, clones = None, set(), set()
+    for line in asm.splitlines():
+        head = re.match(r"^[0-9a-f]+ <(.*)>:$", line)
+        if head:
+            function = head.group(1)
+        elif re.search(r"%[yz]mm\d", line):
+            if re.search(r"\[clone \.arch_x86_64_v[34]\]", function or ""):
+                clones.add(function)
+            else:
+                offenders.add(function)
+    assert not offenders, sorted(offenders)[:10]
+    # The hot loops do have their vector clones.
+    assert any("LookupRange" in f for f in clones), sorted(clones)
+    assert any("ApplyPartition" in f for f in clones), sorted(clones)
