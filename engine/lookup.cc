@@ -19,6 +19,22 @@ inline float Quantize(const Table& t, float x) {
   return q * t.quant_step + t.quant_lower;
 }
 
+// One bag of `table` whose rows are `base` (float or Bf16 storage).
+template <typename T>
+void ReduceTableBag(const Table& table, const T* base, const int64_t* ids, const float* w,
+                    int64_t n, Combiner c, float* dst) {
+  const int dim = table.dimension;
+  if (table.quantize) {
+    auto q = [&table](float x) { return Quantize(table, x); };
+    if (w) ReduceBag<true>(base, dim, ids, w, n, c, dst, q);
+    else ReduceBag<false>(base, dim, ids, w, n, c, dst, q);
+  } else {
+    auto identity = [](float x) { return x; };
+    if (w) ReduceBag<true>(base, dim, ids, w, n, c, dst, identity);
+    else ReduceBag<false>(base, dim, ids, w, n, c, dst, identity);
+  }
+}
+
 }  // namespace
 
 void Engine::Lookup(const Batch& batch, const std::vector<float*>& out,
@@ -50,17 +66,8 @@ void Engine::Lookup(const Batch& batch, const std::vector<float*>& out,
       const float* w = ob.weights.empty() ? nullptr : ob.weights.data() + lo;
       const Combiner c = ob.slot_combiners[p % ob.slot_combiners.size()];
       float* dst = out[o] + p * table.dimension;
-      const float* base = table.state[0]->data();
-      const int dim = table.dimension;
-      if (table.quantize) {
-        auto q = [&table](float x) { return Quantize(table, x); };
-        if (w) ReduceBag<true>(base, dim, ids, w, n, c, dst, q);
-        else ReduceBag<false>(base, dim, ids, w, n, c, dst, q);
-      } else {
-        auto identity = [](float x) { return x; };
-        if (w) ReduceBag<true>(base, dim, ids, w, n, c, dst, identity);
-        else ReduceBag<false>(base, dim, ids, w, n, c, dst, identity);
-      }
+      if (table.bf16) ReduceTableBag(table, table.state[0]->half(), ids, w, n, c, dst);
+      else ReduceTableBag(table, table.state[0]->data(), ids, w, n, c, dst);
     }
   };
   if (pool == nullptr) {
