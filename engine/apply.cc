@@ -132,14 +132,17 @@ void ApplyPartition(TableStep& ts, int64_t begin, int64_t end) {
     return;
   }
   // Open-addressing map id -> slot, then one accumulator row per unique id.
+  // The scratch is kept per thread across steps (no allocation per step).
   const int64_t n = end - begin;
   int64_t cap = 16;
   while (cap < 2 * n) cap <<= 1;
-  std::vector<int64_t> keys(cap, -1);
-  std::vector<int32_t> slot_of(cap);
-  std::vector<int32_t> slot(n);
-  std::vector<int64_t> uniques;
-  uniques.reserve(n);
+  thread_local std::vector<int64_t> keys, uniques;
+  thread_local std::vector<int32_t> slot_of, slot;
+  thread_local std::vector<float> acc;
+  keys.assign(cap, -1);
+  slot_of.resize(cap);
+  slot.resize(n);
+  uniques.clear();
   for (int64_t i = 0; i < n; ++i) {
     const int64_t id = c[begin + i].id;
     uint64_t h = (static_cast<uint64_t>(id) * 0xC2B2AE3D27D4EB4Full) & (cap - 1);
@@ -151,7 +154,7 @@ void ApplyPartition(TableStep& ts, int64_t begin, int64_t end) {
     }
     slot[i] = slot_of[h];
   }
-  std::vector<float> acc(uniques.size() * dim, 0.0f);
+  acc.assign(uniques.size() * dim, 0.0f);
   for (int64_t i = 0; i < n; ++i) {
     float* dst = acc.data() + static_cast<int64_t>(slot[i]) * dim;
     const float coef = c[begin + i].coef;
