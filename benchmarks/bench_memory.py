@@ -34,8 +34,7 @@ def parse_args(argv=None):
     bl.add_thread_args(p)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--num-batches", type=int, default=4)
-    p.add_argument("--lr", type=float, default=0.1)
-    p.add_argument("--initial-accumulator", type=float, default=0.1)
+    bt.add_optimizer_args(p)
     p.add_argument("--seed", type=int, default=1234)
     a = p.parse_args(argv)
     if a.rows is None:

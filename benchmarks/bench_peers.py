@@ -65,6 +65,10 @@ TITLES = {"fbgemm:forward": "FBGEMM TBE forward", "torch:forward": "torch Embedd
 TARGETS = {("forward", "best"): 1.2, ("adagrad", "fbgemm:adagrad"): 4.0,
            ("adagrad", "fbgemm:rowwise_adagrad"): 1.2, ("sgd", "fbgemm:sgd"): 1.3}
 SLOTS = {"forward": None, "sgd": 0, "adagrad": 1, "adam": 2}
+# Seconds between blocks: the side that just ran (TF's Eigen pool, torch's
+# OpenMP team) spins a while after its last step and would steal the 2
+# cores from the next side's first steps.
+PAUSE = 0.3
 
 
 def parse_args(argv=None):
@@ -81,17 +85,11 @@ def parse_args(argv=None):
     p.add_argument("--no-peers", action="store_true", help="time ours only")
     p.add_argument("--no-roofline", action="store_true")
     p.add_argument("--json", help="also write the results to this file")
-    p.add_argument("--lr", type=float, default=0.1)
-    p.add_argument("--initial-accumulator", type=float, default=0.1)
-    p.add_argument("--quick", action="store_true",
-                   help="smoke run: 100,000 rows, 20 steps (explicit flags still win)")
-    p.add_argument("--seed", type=int, default=1234)
+    bt.add_optimizer_args(p)
+    bl.add_run_args(p)
     a = p.parse_args(argv)
     a.dims = [int(d) for d in a.dims.split(",") if d]
-    a.modes = [m for m in a.modes.split(",") if m]
-    for m in a.modes:
-        if m not in MODES:
-            p.error("unknown mode %r" % m)
+    a.modes = bl.comma_list(p, a.modes, MODES, "mode")
     a.weighted, a.combiner = False, "sum"
     return bl.apply_preset(a, FULL, QUICK)
 
@@ -265,9 +263,9 @@ def run_mode(tf, tf_tpu_emb, a, dim, mode, inputs, distinct, peer, results, ids_
             own = []
             peer_side = (name, lambda i: own.extend(peer.call(cmd="time", n=1)["times"]))
             sides = [ours_side, peer_side]
-            bl.run_alternating(sides, a.warmup, 1)
+            bl.run_alternating(sides, a.warmup, 1, PAUSE)
             own.clear()
-            t = bl.run_alternating(sides, a.steps, a.blocks)
+            t = bl.run_alternating(sides, a.steps, a.blocks, PAUSE)
             pb = row_bytes_per_step(a, mode, dim, distinct, peer_mode)
             w = dict(peer=name, ours=summary(t["ours"], a.batch, ours_bytes),
                      theirs=summary(own, a.batch, pb))

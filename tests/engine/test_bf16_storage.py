@@ -101,32 +101,28 @@ def test_sharded_load_and_retrieve_round(monkeypatch):
             np.testing.assert_array_equal(got, bf16_nearest_even(full[rows]))
 
 
-def test_lookup_equals_the_rounded_rows(monkeypatch):
+def bf16_lookup(monkeypatch, seed, vocab, dim, bags, combiner):
+    """(the float32 table loaded, the activations of `bags`) in bf16 storage."""
     monkeypatch.setenv(ENV, "bf16")
-    B = 32
-    cfg = config([("t", 100, 16)], B)
-    rng = np.random.default_rng(2)
-    params = rng.standard_normal((100, 16)).astype(np.float32)
-    ids = rng.integers(0, 100, B)
+    cfg = config([("t", vocab, dim)], len(bags))
+    params = np.random.default_rng(seed).standard_normal((vocab, dim)).astype(np.float32)
     with eu.engine(cfg):
         eu.load_table(cfg.table_descriptor[0], [params, np.ones_like(params)])
-        one_id_per_bag([ids], mode="inference")
+        eu.enqueue_arbitrary([eu.sparse_to_enqueue(*eu.bags_to_sparse(bags))],
+                             combiners=[combiner], mode="inference")
         (act,) = eu.recv(cfg)
+    return params, act
+
+
+def test_lookup_equals_the_rounded_rows(monkeypatch):
+    ids = np.random.default_rng(2).integers(0, 100, 32)
+    params, act = bf16_lookup(monkeypatch, 2, 100, 16, [[(int(i), 1.0)] for i in ids], "sum")
     np.testing.assert_array_equal(act, bf16_nearest_even(params)[ids])
 
 
 def test_multi_id_bags_sum_the_rounded_rows(monkeypatch):
-    monkeypatch.setenv(ENV, "bf16")
-    B = 16
-    cfg = config([("t", 50, 8)], B)
-    rng = np.random.default_rng(3)
-    params = rng.standard_normal((50, 8)).astype(np.float32)
-    bags = eu.random_bags(rng, B, 50, max_len=4, weighted=True)
-    with eu.engine(cfg):
-        eu.load_table(cfg.table_descriptor[0], [params, np.ones_like(params)])
-        eu.enqueue_arbitrary([eu.sparse_to_enqueue(*eu.bags_to_sparse(bags))],
-                             combiners=["mean"], mode="inference")
-        (act,) = eu.recv(cfg)
+    bags = eu.random_bags(np.random.default_rng(3), 16, 50, max_len=4, weighted=True)
+    params, act = bf16_lookup(monkeypatch, 3, 50, 8, bags, "mean")
     want = eu.reference_lookup(bf16_nearest_even(params), bags, "mean")
     eu.assert_close(act, want, rtol=1e-6, atol=1e-6)
 
