@@ -10,7 +10,7 @@ TF_REQ ?= tensorflow-cpu==2.21.0
 SRCS    = $(wildcard ops/*.cc engine/*.cc kernels/*.cc core/*.h engine/*.h kernels/*.h) setup.py
 PYTEST_ARGS ?=
 
-.PHONY: all venv build test cpp-test demo movielens bench bazel-check bazel-install clean fuzz sanitize
+.PHONY: all venv build test cpp-test demo movielens bench bench-peers bazel-check bazel-install clean fuzz sanitize
 .PHONY: package-check
 
 all: build
@@ -47,6 +47,22 @@ movielens: build
 
 bench: build
 	$(PY) benchmarks/bench_lookup.py
+
+# Peers of benchmarks/bench_peers.py (FBGEMM TBE, torch EmbeddingBag) in their
+# own virtualenv (no TensorFlow there); then the interleaved peer benchmark,
+# the engine's memory and its thread scaling.  BENCH_ARGS are passed to bench_peers.py.
+PEERS_VENV ?= .venv-peers
+PEERS_REQ  ?= numpy torch==2.13.0 fbgemm-gpu-cpu==1.8.0
+BENCH_ARGS ?=
+$(PEERS_VENV)/.deps: Makefile
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install -q $(PEERS_REQ)
+	touch $@
+
+bench-peers: build $(PEERS_VENV)/.deps
+	$(PY) benchmarks/bench_peers.py --peer-python $(PEERS_VENV)/bin/python $(BENCH_ARGS)
+	$(PY) benchmarks/bench_memory.py
+	$(PY) benchmarks/bench_scaling.py --threads 1,$$(nproc)
 
 # Bazel path (optional second build). Skipped when bazel is absent;
 # `make bazel-install` installs Debian's bazel-bootstrap (root + apt).

@@ -71,6 +71,22 @@ def add_thread_args(p):
                         "lookups concurrently; ours is one enqueue + one Recv)")
 
 
+def add_run_args(p):
+    """--quick and --seed, shared by the benchmark scripts."""
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: 100,000 rows, 20 steps (explicit flags still win)")
+    p.add_argument("--seed", type=int, default=1234)
+
+
+def comma_list(p, text, allowed, what):
+    """The items of a comma list, each one of `allowed` (else a usage error)."""
+    items = [x for x in text.split(",") if x]
+    for x in items:
+        if x not in allowed:
+            p.error("unknown %s %r (%s)" % (what, x, ", ".join(allowed)))
+    return items
+
+
 def apply_preset(a, full=FULL, quick=QUICK):
     """Fills the flags left at None from the --quick or the full preset."""
     preset = quick if a.quick else full
@@ -99,15 +115,10 @@ def parse_args(argv=None):
                         "(only changes TF's weighted path)")
     p.add_argument("--breakdown", action="store_true",
                    help="also time ours' enqueue and Recv separately")
-    p.add_argument("--quick", action="store_true",
-                   help="smoke run: 100,000 rows, 20 steps (explicit flags still win)")
-    p.add_argument("--seed", type=int, default=1234)
+    add_run_args(p)
     a = p.parse_args(argv)
     a.dims = [int(d) for d in a.dims.split(",") if d]
-    a.combiners = [c for c in a.combiners.split(",") if c]
-    for c in a.combiners:
-        if c not in ("sum", "mean", "sqrtn"):
-            p.error("unknown combiner %r" % c)
+    a.combiners = comma_list(p, a.combiners, ("sum", "mean", "sqrtn"), "combiner")
     return apply_preset(a)
 
 
@@ -223,12 +234,14 @@ def time_steps(fn, n):
     return out
 
 
-def run_alternating(sides, steps, blocks):
+def run_alternating(sides, steps, blocks, pause=0.0):
     """Times `steps` calls of every side, split into `blocks` alternating
     blocks (block order A, B, ..., then reversed: ..., B, A, and so on), so
     that background load hits all sides about equally.  `sides` is a list of
     (name, fn); fn(i) runs the side's i-th step (i counts per side) and
-    materialises its result.  Returns {name: [seconds per step]}."""
+    materialises its result.  `pause` seconds of sleep before each block let
+    the previous side's spinning worker threads go idle (sides in other
+    processes).  Returns {name: [seconds per step]}."""
     counter = {name: 0 for name, _ in sides}
     times = {name: [] for name, _ in sides}
 
@@ -245,6 +258,8 @@ def run_alternating(sides, steps, blocks):
         if i % 2:
             order.reverse()
         for name, fn in order:
+            if pause:
+                time.sleep(pause)
             times[name] += time_steps(fn, n)
     return times
 

@@ -51,6 +51,14 @@ TITLES = {"keras": "TF-a: Keras Adagrad apply_gradients",
 RTOL, ATOL = 1e-4, 1e-5
 
 
+def add_optimizer_args(p):
+    """The learning rate and Adagrad's initial accumulator (shared with the
+    peer and memory benchmarks)."""
+    p.add_argument("--lr", type=float, default=0.1, help="learning rate (0.1)")
+    p.add_argument("--initial-accumulator", type=float, default=0.1,
+                   help="Adagrad initial accumulator value (0.1)")
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -62,22 +70,15 @@ def parse_args(argv=None):
     p.add_argument("--baselines", default="keras,raw",
                    help="comma list of the TF sides to run: keras (TF-a), raw (TF-b)")
     p.add_argument("--weighted", action="store_true", help="random positive weights per id")
-    p.add_argument("--lr", type=float, default=0.1, help="Adagrad learning rate (0.1)")
-    p.add_argument("--initial-accumulator", type=float, default=0.1,
-                   help="Adagrad initial accumulator value (0.1)")
+    add_optimizer_args(p)
     p.add_argument("--breakdown", action="store_true",
                    help="also time ours' enqueue, Recv+grad and Send separately")
     p.add_argument("--max-rss-gb", type=float, default=18.0,
                    help="abort when VmRSS exceeds this at a checkpoint (18)")
-    p.add_argument("--quick", action="store_true",
-                   help="smoke run: 100,000 rows, 20 steps (explicit flags still win)")
-    p.add_argument("--seed", type=int, default=1234)
+    bl.add_run_args(p)
     a = p.parse_args(argv)
     a.dims = [int(d) for d in a.dims.split(",") if d]
-    a.baselines = [b for b in a.baselines.split(",") if b]
-    for b in a.baselines:
-        if b not in NAMES:
-            p.error("unknown baseline %r (keras, raw)" % b)
+    a.baselines = bl.comma_list(p, a.baselines, tuple(NAMES), "baseline")
     return bl.apply_preset(a, FULL, QUICK)
 
 

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/bf16.h"
+
 namespace tf_tpu_emb {
 
 enum class Combiner : uint8_t { kSum, kMean, kSqrtn };
@@ -33,22 +35,25 @@ inline float BagScale(Combiner c, const float* w, int64_t n) {
 }
 
 // out[0..dim) = combiner(sum_k w_k * transform(base[ids[k] * dim + d])) for
-// one bag of n ids; rows are prefetched a few ids ahead.
-template <bool kWeighted, typename Id, typename Transform>
-inline void ReduceBag(const float* base, int dim, const Id* ids, const float* w, int64_t n,
+// one bag of n ids; rows (float or Bf16 elements, widened exactly) are
+// prefetched a few ids ahead.
+template <bool kWeighted, typename T, typename Id, typename Transform>
+inline void ReduceBag(const T* base, int dim, const Id* ids, const float* w, int64_t n,
                       Combiner combiner, float* out, Transform transform) {
   std::memset(out, 0, sizeof(float) * dim);
   float sum_w = 0, sum_w2 = 0;
   for (int64_t k = 0; k < n; ++k) {
     if (k + 4 < n) {
       const char* ahead = reinterpret_cast<const char*>(base + int64_t{ids[k + 4]} * dim);
-      for (int b = 0; b < dim * 4; b += 64) __builtin_prefetch(ahead + b);
+      for (int b = 0; b < dim * static_cast<int>(sizeof(T)); b += 64) {
+        __builtin_prefetch(ahead + b);
+      }
     }
-    const float* row = base + int64_t{ids[k]} * dim;
+    const T* row = base + int64_t{ids[k]} * dim;
     const float wk = kWeighted ? w[k] : 1.0f;
     sum_w += wk;
     sum_w2 += wk * wk;
-    for (int d = 0; d < dim; ++d) out[d] += wk * transform(row[d]);
+    for (int d = 0; d < dim; ++d) out[d] += wk * transform(ToFloat(row[d]));
   }
   const float scale = CombinerScale(combiner, sum_w, sum_w2);
   if (scale != 1.0f) {

@@ -33,19 +33,50 @@ struct TableStep {
   RowArgs args{};  // lr; row pointers filled per row
   HyperParams hp{};  // hyper-parameters and this step's dynamic inputs
   float decay = 0;  // effective weight decay factor
+  uint64_t seed = 0;  // bfloat16 storage: this step's stochastic-rounding seed
   std::vector<Contribution> contributions;  // grouped by partition
   std::vector<int64_t> partition_starts;
 };
 
+// Rounds the float32 row `wide` (parameters, then every slot) stochastically
+// into the bfloat16 state of row `id`; the random bits depend on the step's
+// seed, the row and the element only (core/bf16.h).
+void StoreRounded(const TableStep& ts, int64_t id, const float* wide) {
+  const Table& t = *ts.table;
+  const int dim = t.dimension;
+  const uint64_t key = MixBits(ts.seed ^ (static_cast<uint64_t>(id) * 0xD6E8FEB86659FD93ull));
+  uint64_t bits = 0;
+  for (size_t i = 0; i < t.state.size(); ++i) {
+    Bf16* row = t.state[i]->half() + id * dim;
+    for (int d = 0; d < dim; ++d) {
+      const uint64_t e = i * dim + d;
+      if (e % 4 == 0) bits = MixBits(key + e);
+      row[d] = RoundStochastic(wide[e], static_cast<uint32_t>(bits));
+      bits >>= 16;
+    }
+  }
+}
+
 // Gradient clipping, the optimizer, weight decay (from the pre-update
-// weight), weight clipping: one row of one table.
-void UpdateRow(const TableStep& ts, int64_t id, float* g, float* w_old) {
+// weight), weight clipping: one row of one table.  `wide` is scratch for
+// (1 + slots) x dim floats: a bfloat16 row is widened into it, updated there
+// in float32 and rounded back.
+void UpdateRow(const TableStep& ts, int64_t id, float* g, float* w_old, float* wide) {
   Table& t = *ts.table;
   const UpdateSettings& s = t.update;
   const int dim = t.dimension;
   RowArgs a = ts.args;
-  a.w = t.state[0]->data() + id * dim;
-  for (size_t i = 1; i < t.state.size(); ++i) a.s[i - 1] = t.state[i]->data() + id * dim;
+  if (t.bf16) {
+    for (size_t i = 0; i < t.state.size(); ++i) {
+      const Bf16* row = t.state[i]->half() + id * dim;
+      for (int d = 0; d < dim; ++d) wide[i * dim + d] = ToFloat(row[d]);
+    }
+    a.w = wide;
+    for (size_t i = 1; i < t.state.size(); ++i) a.s[i - 1] = wide + i * dim;
+  } else {
+    a.w = t.state[0]->data() + id * dim;
+    for (size_t i = 1; i < t.state.size(); ++i) a.s[i - 1] = t.state[i]->data() + id * dim;
+  }
   a.g = g;
   a.dim = dim;
   a.hp = &ts.hp;
@@ -64,14 +95,18 @@ void UpdateRow(const TableStep& ts, int64_t id, float* g, float* w_old) {
     const float hi = s.clip_w_hi ? s.w_hi : std::numeric_limits<float>::infinity();
     for (int d = 0; d < dim; ++d) a.w[d] = std::min(std::max(a.w[d], lo), hi);
   }
+  if (t.bf16) StoreRounded(ts, id, wide);
 }
 
 // Prefetches every state row (parameters and slots) of row `id`.
 inline void PrefetchRow(const Table& t, int64_t id) {
-  const int64_t offset = id * t.dimension;
   for (const auto& buffer : t.state) {
-    const char* row = reinterpret_cast<const char*>(buffer->data() + offset);
-    for (int b = 0; b < t.dimension * 4; b += 64) __builtin_prefetch(row + b, 1);
+    const int bytes = t.dimension * buffer->element_bytes();
+    const char* row = static_cast<const char*>(buffer->bf16()
+                                                   ? static_cast<const void*>(buffer->half())
+                                                   : static_cast<const void*>(buffer->data())) +
+                      id * bytes;
+    for (int b = 0; b < bytes; b += 64) __builtin_prefetch(row + b, 1);
   }
 }
 
@@ -89,25 +124,28 @@ inline int PartitionOf(int64_t id, int bits) {
 TF_TPU_EMB_CPU_DISPATCH
 void ApplyPartition(TableStep& ts, int64_t begin, int64_t end) {
   const int dim = ts.table->dimension;
-  std::vector<float> g(dim), w_old(dim);
+  std::vector<float> g(dim), w_old(dim), wide(ts.table->state.size() * dim);
   const Contribution* c = ts.contributions.data();
   if (!ts.table->update.accumulate) {
     for (int64_t i = begin; i < end; ++i) {
       for (int d = 0; d < dim; ++d) g[d] = c[i].coef * c[i].grad[d];
-      UpdateRow(ts, c[i].id, g.data(), w_old.data());
+      UpdateRow(ts, c[i].id, g.data(), w_old.data(), wide.data());
       if (ts.table->update.non_lazy) ts.table->touched[c[i].id] = 1;
     }
     return;
   }
   // Open-addressing map id -> slot, then one accumulator row per unique id.
+  // The scratch is kept per thread across steps (no allocation per step).
   const int64_t n = end - begin;
   int64_t cap = 16;
   while (cap < 2 * n) cap <<= 1;
-  std::vector<int64_t> keys(cap, -1);
-  std::vector<int32_t> slot_of(cap);
-  std::vector<int32_t> slot(n);
-  std::vector<int64_t> uniques;
-  uniques.reserve(n);
+  thread_local std::vector<int64_t> keys, uniques;
+  thread_local std::vector<int32_t> slot_of, slot;
+  thread_local std::vector<float> acc;
+  keys.assign(cap, -1);
+  slot_of.resize(cap);
+  slot.resize(n);
+  uniques.clear();
   for (int64_t i = 0; i < n; ++i) {
     const int64_t id = c[begin + i].id;
     uint64_t h = (static_cast<uint64_t>(id) * 0xC2B2AE3D27D4EB4Full) & (cap - 1);
@@ -119,7 +157,7 @@ void ApplyPartition(TableStep& ts, int64_t begin, int64_t end) {
     }
     slot[i] = slot_of[h];
   }
-  std::vector<float> acc(uniques.size() * dim, 0.0f);
+  acc.assign(uniques.size() * dim, 0.0f);
   for (int64_t i = 0; i < n; ++i) {
     float* dst = acc.data() + static_cast<int64_t>(slot[i]) * dim;
     const float coef = c[begin + i].coef;
@@ -130,7 +168,7 @@ void ApplyPartition(TableStep& ts, int64_t begin, int64_t end) {
   for (size_t u = 0; u < std::min(kAhead, uniques.size()); ++u) PrefetchRow(*ts.table, uniques[u]);
   for (size_t u = 0; u < uniques.size(); ++u) {
     if (u + kAhead < uniques.size()) PrefetchRow(*ts.table, uniques[u + kAhead]);
-    UpdateRow(ts, uniques[u], acc.data() + u * dim, w_old.data());
+    UpdateRow(ts, uniques[u], acc.data() + u * dim, w_old.data(), wide.data());
     if (ts.table->update.non_lazy) ts.table->touched[uniques[u]] = 1;
   }
 }
@@ -172,6 +210,7 @@ void Engine::ApplyStep(const std::vector<std::unique_ptr<StepPart>>& parts,
       const float lr = s.lr_tag >= 0 ? dynamic_inputs[s.lr_tag] : s.lr_constant;
       ts.args.lr = lr;
       ts.decay = s.weight_decay * (s.decay_times_lr ? lr : 1.0f);
+      ts.seed = MixBits((static_cast<uint64_t>(t) << 48) ^ table.steps_applied++);
       if (s.non_lazy) std::fill(table.touched.begin(), table.touched.end(), 0);
 
       int64_t total = 0;
@@ -236,11 +275,11 @@ void Engine::ApplyStep(const std::vector<std::unique_ptr<StepPart>>& parts,
     if (!ts.table->update.non_lazy) continue;
     const int dim = ts.table->dimension;
     run(ts.table->vocabulary_size, 50 * dim, [&](int64_t begin, int64_t end) {
-      std::vector<float> g(dim), w_old(dim);
+      std::vector<float> g(dim), w_old(dim), wide(ts.table->state.size() * dim);
       for (int64_t id = begin; id < end; ++id) {
         if (ts.table->touched[id]) continue;
         std::fill(g.begin(), g.end(), 0.0f);
-        UpdateRow(ts, id, g.data(), w_old.data());
+        UpdateRow(ts, id, g.data(), w_old.data(), wide.data());
       }
     });
   }

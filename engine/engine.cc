@@ -311,16 +311,17 @@ absl::Status Engine::Init(const std::string& config_bytes) {
 
   int64_t state_bytes = 0;
   TF_RETURN_IF_ERROR(CheckMemoryBudget(config_, LiveStateBytes(), &state_bytes));
+  TF_RETURN_IF_ERROR(ReadStorageFromEnvironment(&tables_));
   for (Table& table : tables_) {
     const int64_t n = table.vocabulary_size * table.dimension;  // bounded by ValidateConfig
     auto params = std::make_unique<FloatBuffer>();
-    TF_RETURN_IF_ERROR(params->Allocate(n, 0.0f));
+    TF_RETURN_IF_ERROR(params->Allocate(n, 0.0f, table.bf16));
     table.state.push_back(std::move(params));
     float init[kMaxSlots];
     table.optimizer->slot_init(table.params, init);
     for (size_t i = 0; i < table.optimizer->slots.size(); ++i) {
       auto buf = std::make_unique<FloatBuffer>();
-      TF_RETURN_IF_ERROR(buf->Allocate(n, init[i]));
+      TF_RETURN_IF_ERROR(buf->Allocate(n, init[i], table.bf16));
       table.state.push_back(std::move(buf));
     }
     if (table.update.non_lazy) table.touched.assign(table.vocabulary_size, 0);

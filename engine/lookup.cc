@@ -20,8 +20,38 @@ inline float Quantize(const Table& t, float x) {
   return q * t.quant_step + t.quant_lower;
 }
 
+// One bag of `table` whose rows are `base` (float or Bf16 storage).
+template <typename T>
+inline void ReduceTableBag(const Table& table, const T* base, const int64_t* ids, const float* w,
+                           int64_t n, Combiner c, float* dst) {
+  const int dim = table.dimension;
+  if (table.quantize) {
+    auto q = [&table](float x) { return Quantize(table, x); };
+    if (w) ReduceBag<true>(base, dim, ids, w, n, c, dst, q);
+    else ReduceBag<false>(base, dim, ids, w, n, c, dst, q);
+  } else {
+    auto identity = [](float x) { return x; };
+    if (w) ReduceBag<true>(base, dim, ids, w, n, c, dst, identity);
+    else ReduceBag<false>(base, dim, ids, w, n, c, dst, identity);
+  }
+}
+
+// Prefetches the first rows of a bag: ReduceBag prefetches ahead within a
+// bag, so without this every bag would start with cold misses.
+inline void PrefetchBagHead(const Table& table, const int64_t* ids, int64_t n) {
+  const FloatBuffer& params = *table.state[0];
+  const int bytes = table.dimension * params.element_bytes();
+  const char* base = params.bf16() ? reinterpret_cast<const char*>(params.half())
+                                   : reinterpret_cast<const char*>(params.data());
+  for (int64_t k = 0; k < std::min<int64_t>(n, 4); ++k) {
+    const char* row = base + ids[k] * bytes;
+    for (int b = 0; b < bytes; b += 64) __builtin_prefetch(row + b);
+  }
+}
+
 // Bags [begin, end) of the flattened index space of Engine::Lookup (one
-// function, so that it carries the CPU dispatch of core/cpu_dispatch.h).
+// function, so that it carries the CPU dispatch of core/cpu_dispatch.h; the
+// inline helpers above are compiled into each of its clones).
 TF_TPU_EMB_CPU_DISPATCH
 void LookupRange(const Engine& engine, const Batch& batch, const std::vector<float*>& out,
                  const std::vector<int64_t>& starts, int64_t begin, int64_t end) {
@@ -36,18 +66,13 @@ void LookupRange(const Engine& engine, const Batch& batch, const std::vector<flo
     const int64_t* ids = ob.ids.data() + lo;
     const float* w = ob.weights.empty() ? nullptr : ob.weights.data() + lo;
     const Combiner c = ob.slot_combiners[p % ob.slot_combiners.size()];
-    float* dst = out[o] + p * table.dimension;
-    const float* base = table.state[0]->data();
-    const int dim = table.dimension;
-    if (table.quantize) {
-      auto q = [&table](float x) { return Quantize(table, x); };
-      if (w) ReduceBag<true>(base, dim, ids, w, n, c, dst, q);
-      else ReduceBag<false>(base, dim, ids, w, n, c, dst, q);
-    } else {
-      auto identity = [](float x) { return x; };
-      if (w) ReduceBag<true>(base, dim, ids, w, n, c, dst, identity);
-      else ReduceBag<false>(base, dim, ids, w, n, c, dst, identity);
+    if (i + 1 < end && i + 1 < starts[o + 1]) {
+      const int64_t next = ob.offsets[p + 1];
+      PrefetchBagHead(table, ob.ids.data() + next, ob.offsets[p + 2] - next);
     }
+    float* dst = out[o] + p * table.dimension;
+    if (table.bf16) ReduceTableBag(table, table.state[0]->half(), ids, w, n, c, dst);
+    else ReduceTableBag(table, table.state[0]->data(), ids, w, n, c, dst);
   }
 }
 

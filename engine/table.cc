@@ -5,17 +5,20 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace tf_tpu_emb {
 
 FloatBuffer::~FloatBuffer() { std::free(data_); }
 
-absl::Status FloatBuffer::Allocate(int64_t num_floats, float fill) {
+absl::Status FloatBuffer::Allocate(int64_t num_floats, float fill, bool bf16) {
   constexpr int64_t kHugePage = int64_t{2} << 20;
+  const int64_t element = bf16 ? 2 : 4;
   int64_t bytes, padded;
-  if (num_floats < 0 || !CheckedMul(std::max<int64_t>(num_floats, 1), 4, &bytes) ||
+  if (num_floats < 0 || !CheckedMul(std::max<int64_t>(num_floats, 1), element, &bytes) ||
       !CheckedAdd(bytes, kHugePage - 1, &padded)) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "cannot allocate ", num_floats, " floats for an embedding table: the byte count "
@@ -30,8 +33,61 @@ absl::Status FloatBuffer::Allocate(int64_t num_floats, float fill) {
 #ifdef MADV_HUGEPAGE
   madvise(p, rounded, MADV_HUGEPAGE);
 #endif
-  data_ = static_cast<float*>(p);
-  std::fill(data_, data_ + num_floats, fill);
+  data_ = p;
+  bf16_ = bf16;
+  if (bf16) std::fill(half(), half() + num_floats, RoundNearestEven(fill));
+  else std::fill(data(), data() + num_floats, fill);
+  return absl::OkStatus();
+}
+
+absl::Status ReadStorageFromEnvironment(std::vector<Table>* tables) {
+  const char* env = std::getenv("TF_TPU_EMB_STORAGE");
+  const std::string setting = env == nullptr ? "" : env;
+  if (setting.empty()) {
+    for (Table& t : *tables) t.bf16 = false;
+    return absl::OkStatus();
+  }
+  auto invalid = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TF_TPU_EMB_STORAGE='", setting, "': ", why,
+        " (expected a comma list of fp32 / bf16 / TABLE=fp32 / TABLE=bf16)"));
+  };
+  auto kind = [](const std::string& k, bool* bf16) {
+    if (k != "fp32" && k != "bf16") return false;
+    *bf16 = k == "bf16";
+    return true;
+  };
+  bool all_bf16 = false;
+  std::map<std::string, bool> per_table;
+  for (absl::string_view piece : absl::StrSplit(setting, ',')) {
+    const std::string entry(piece);
+    if (entry.empty()) return invalid("empty entry");
+    const size_t eq = entry.find('=');
+    bool bf16;
+    if (eq == std::string::npos) {
+      if (!kind(entry, &bf16)) return invalid(absl::StrCat("unknown storage '", entry, "'"));
+      all_bf16 = bf16;
+      continue;
+    }
+    const std::string name = entry.substr(0, eq), k = entry.substr(eq + 1);
+    if (!kind(k, &bf16)) {
+      return invalid(absl::StrCat("unknown storage '", k, "' for table '", name, "'"));
+    }
+    if (!per_table.emplace(name, bf16).second) {
+      return invalid(absl::StrCat("names table '", name, "' twice"));
+    }
+  }
+  for (const auto& [name, bf16] : per_table) {
+    if (std::none_of(tables->begin(), tables->end(),
+                     [&](const Table& t) { return t.name == name; })) {
+      return invalid(absl::StrCat("names table '", name,
+                                  "', which the configuration does not have"));
+    }
+  }
+  for (Table& t : *tables) {
+    const auto it = per_table.find(t.name);
+    t.bf16 = it == per_table.end() ? all_bf16 : it->second;
+  }
   return absl::OkStatus();
 }
 
@@ -56,20 +112,30 @@ UpdateSettings ReadUpdateSettings(const OptimizationParameters& p, const Optimiz
 }
 
 void CopyShard(const Table& table, bool mod_sharding, int num_shards, int shard_id,
-               int64_t rows, float* state, float* shard, bool to_state) {
+               int64_t rows, FloatBuffer* state, float* shard, bool to_state) {
   const int dim = table.dimension;
+  // `n` consecutive table rows from table row `global` <-> shard row `r`.
+  auto copy = [&](int64_t global, int64_t r, int64_t n) {
+    float* f = shard + r * dim;
+    if (!state->bf16()) {
+      float* base = state->data() + global * dim;
+      if (to_state) std::memcpy(base, f, sizeof(float) * n * dim);
+      else std::memcpy(f, base, sizeof(float) * n * dim);
+      return;
+    }
+    Bf16* base = state->half() + global * dim;
+    if (to_state) {
+      for (int64_t i = 0; i < n * dim; ++i) base[i] = RoundNearestEven(f[i]);
+    } else {
+      for (int64_t i = 0; i < n * dim; ++i) f[i] = ToFloat(base[i]);
+    }
+  };
   if (!mod_sharding || num_shards == 1) {
-    float* base = state + GlobalRowOfShardRow(false, table.vocabulary_size, shard_id,
-                                              num_shards, 0) * dim;
-    if (to_state) std::memcpy(base, shard, sizeof(float) * rows * dim);
-    else std::memcpy(shard, base, sizeof(float) * rows * dim);
+    copy(GlobalRowOfShardRow(false, table.vocabulary_size, shard_id, num_shards, 0), 0, rows);
     return;
   }
   for (int64_t r = 0; r < rows; ++r) {
-    float* row = state + GlobalRowOfShardRow(true, table.vocabulary_size, shard_id,
-                                             num_shards, r) * dim;
-    if (to_state) std::memcpy(row, shard + r * dim, sizeof(float) * dim);
-    else std::memcpy(shard + r * dim, row, sizeof(float) * dim);
+    copy(GlobalRowOfShardRow(true, table.vocabulary_size, shard_id, num_shards, r), r, 1);
   }
 }
 

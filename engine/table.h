@@ -1,5 +1,6 @@
-// Table storage: the float32 state buffers of one embedding table (its
-// parameters and optimizer slots), the settings its update reads every step
+// Table storage: the state buffers of one embedding table (its parameters
+// and optimizer slots; float32, or bfloat16 where TF_TPU_EMB_STORAGE asks
+// for it), the settings its update reads every step
 // (fixed at configure), and the row mapping between a Load/Retrieve shard and
 // the table (docs/tpu_embedding_semantics.md §2.7).
 #ifndef TF_TPU_EMB_ENGINE_TABLE_H_
@@ -11,12 +12,14 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "core/bf16.h"
 #include "core/config.h"
 #include "core/optimizers.h"
 
 namespace tf_tpu_emb {
 
-// float32 rows, 2 MiB aligned and backed by transparent huge pages where the
+// Rows of floats, stored as float32 (data()) or bfloat16 (half(),
+// core/bf16.h), 2 MiB aligned and backed by transparent huge pages where the
 // kernel allows: random row gathers are bound by TLB misses.
 class FloatBuffer {
  public:
@@ -24,12 +27,18 @@ class FloatBuffer {
   ~FloatBuffer();
   FloatBuffer(const FloatBuffer&) = delete;
   FloatBuffer& operator=(const FloatBuffer&) = delete;
-  absl::Status Allocate(int64_t num_floats, float fill);
-  float* data() { return data_; }
-  const float* data() const { return data_; }
+  // `fill` is rounded to nearest even for bfloat16 storage.
+  absl::Status Allocate(int64_t num_floats, float fill, bool bf16 = false);
+  bool bf16() const { return bf16_; }
+  int element_bytes() const { return bf16_ ? 2 : 4; }
+  float* data() { return static_cast<float*>(data_); }
+  const float* data() const { return static_cast<const float*>(data_); }
+  Bf16* half() { return static_cast<Bf16*>(data_); }
+  const Bf16* half() const { return static_cast<const Bf16*>(data_); }
 
  private:
-  float* data_ = nullptr;
+  void* data_ = nullptr;
+  bool bf16_ = false;
 };
 
 // What the backward step of a table reads from its OptimizationParameters,
@@ -59,6 +68,11 @@ struct Table {
   UpdateSettings update;
   // state[0] = parameters, state[1 + i] = optimizer slot i; [vocab, dim] each.
   std::vector<std::unique_ptr<FloatBuffer>> state;
+  // Reduced-precision storage: every state buffer holds bfloat16; row
+  // updates compute in float32 and round stochastically, seeded by the
+  // number of steps applied so far (results do not depend on threads).
+  bool bf16 = false;
+  uint64_t steps_applied = 0;
   std::vector<std::string> state_names;  // incl. trailing gradient_accumulators
   // Non-lazy optimizers: the rows the step being applied touched (scratch of
   // the backward step, one byte per row, allocated at configure).
@@ -68,12 +82,20 @@ struct Table {
   float quant_lower = 0, quant_upper = 0, quant_step = 0;
 };
 
+// Sets Table::bf16 of every table from the environment variable
+// TF_TPU_EMB_STORAGE (README "Reduced-precision storage"): a comma list of
+// `fp32` / `bf16` (every table) and `TABLE=fp32` / `TABLE=bf16` (one table,
+// overriding).  Unset or empty: float32 everywhere.  An invalid setting is an
+// InvalidArgument naming the entry, and no table is changed.
+absl::Status ReadStorageFromEnvironment(std::vector<Table>* tables);
+
 // Copies the `rows` rows of shard `shard_id` of `num_shards` between a shard
-// tensor's data `shard` ([rows, dim]) and the state variable `state` of
-// `table` ([vocab, dim]): into the table when `to_state`, else out of it.
+// tensor's data `shard` ([rows, dim], float32) and the state variable `state`
+// of `table` ([vocab, dim]): into the table when `to_state` (rounded to
+// nearest even for bfloat16 storage), else out of it (widened, exact).
 // `mod_sharding`: the config's sharding_strategy is MOD (else DIV_DEFAULT).
 void CopyShard(const Table& table, bool mod_sharding, int num_shards, int shard_id,
-               int64_t rows, float* state, float* shard, bool to_state);
+               int64_t rows, FloatBuffer* state, float* shard, bool to_state);
 
 }  // namespace tf_tpu_emb
 

@@ -105,7 +105,7 @@ class LoadTableOp : public TableOpBase {
     std::unique_lock<std::shared_mutex> lock(engine.tables_mutex());
     for (int i = 0; i < ctx->num_inputs(); ++i) {
       CopyShard(table, engine.mod_sharding(), num_shards_, shard_id_, rows,
-                table.state[i]->data(),
+                table.state[i].get(),
                 const_cast<float*>(ctx->input(i).flat<float>().data()), /*to_state=*/true);
     }
   }
@@ -122,7 +122,7 @@ class RetrieveTableOp : public TableOpBase {
       Tensor* out;
       OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({rows, table.dimension}), &out));
       CopyShard(table, engine.mod_sharding(), num_shards_, shard_id_, rows,
-                table.state[i]->data(), out->flat<float>().data(), /*to_state=*/false);
+                table.state[i].get(), out->flat<float>().data(), /*to_state=*/false);
     }
   }
 };
@@ -213,7 +213,7 @@ class LoadAllOp : public AllTablesOpBase {
       for (int i = 0; i < static_cast<int>(table.state_names.size()); ++i) {
         if (IsAccumulator(table, i)) continue;
         CopyShard(table, engine->mod_sharding(), num_shards_, shard_id_, rows[t],
-                  table.state[i]->data(),
+                  table.state[i].get(),
                   const_cast<float*>(groups[i][t].flat<float>().data()), true);
       }
     }
@@ -242,7 +242,7 @@ class RetrieveAllOp : public AllTablesOpBase {
           out->flat<float>().setConstant(GradientAccumulatorInitialValue());
         } else {
           CopyShard(table, engine->mod_sharding(), num_shards_, shard_id_, rows[t],
-                    table.state[i]->data(), out->flat<float>().data(), false);
+                    table.state[i].get(), out->flat<float>().data(), false);
         }
       }
     }

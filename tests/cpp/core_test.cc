@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/bag.h"
+#include "core/bf16.h"
 #include "core/config.h"
 #include "core/optimizers.h"
 #include "tests/cpp/unit.h"
@@ -139,6 +140,34 @@ TEST(ReduceBagWeightedMean) {
   ReduceBag<false>(table, 2, ids, nullptr, 0, Combiner::kSqrtn, out, identity);
   EXPECT_NEAR(out[0], 0.0f, 0.0f);  // empty bag: zero vector
   EXPECT_NEAR(out[1], 0.0f, 0.0f);
+}
+
+// bfloat16 rows widen exactly inside the bag reduction.
+TEST(ReduceBagOfBf16Rows) {
+  const Bf16 table[] = {RoundNearestEven(1.5f), RoundNearestEven(-0.25f),
+                        RoundNearestEven(3.0f), RoundNearestEven(0.125f)};
+  const int64_t ids[] = {1, 0};
+  float out[2];
+  auto identity = [](float x) { return x; };
+  ReduceBag<false>(table, 2, ids, nullptr, 2, Combiner::kSum, out, identity);
+  EXPECT_NEAR(out[0], 4.5f, 0.0f);
+  EXPECT_NEAR(out[1], -0.125f, 0.0f);
+}
+
+// Stochastic rounding: the 16 random bits decide between the two
+// neighbours; r = 0 truncates, r = 0xFFFF rounds up any remainder, an exact
+// value never moves; NaN and infinities pass through.
+TEST(Bf16Rounding) {
+  const float x = 1.0f + 0x1p-9f;  // a quarter of the way to 1 + 2^-7
+  EXPECT_NEAR(ToFloat(RoundStochastic(x, 0)), 1.0f, 0.0f);
+  EXPECT_NEAR(ToFloat(RoundStochastic(x, 0xBFFF)), 1.0f, 0.0f);
+  EXPECT_NEAR(ToFloat(RoundStochastic(x, 0xC000)), 1.0f + 0x1p-7f, 0.0f);
+  EXPECT_NEAR(ToFloat(RoundStochastic(-x, 0xC000)), -1.0f - 0x1p-7f, 0.0f);
+  EXPECT_NEAR(ToFloat(RoundStochastic(2.0f, 0xFFFF)), 2.0f, 0.0f);
+  EXPECT_TRUE(std::isnan(ToFloat(RoundStochastic(std::nanf(""), 0xFFFF))));
+  EXPECT_TRUE(std::isnan(ToFloat(RoundNearestEven(std::nanf("")))));
+  EXPECT_TRUE(std::isinf(ToFloat(RoundStochastic(std::numeric_limits<float>::infinity(), 7))));
+  EXPECT_NEAR(ToFloat(RoundNearestEven(1.0f + 0x1p-8f)), 1.0f, 0.0f);
 }
 
 RowArgs Row(float* w, float* s0, const float* g, float lr) {

@@ -286,16 +286,38 @@ TEST(CopyShardModAndDiv) {
   Table t;
   t.vocabulary_size = 5;
   t.dimension = 1;
-  std::vector<float> state(5, 0.0f);
+  FloatBuffer state;
+  EXPECT_TRUE(state.Allocate(5, 0.0f).ok());
   float shard[] = {7, 9};
-  CopyShard(t, /*mod_sharding=*/true, 2, 1, 2, state.data(), shard, /*to_state=*/true);
-  EXPECT_TRUE((state == std::vector<float>{0, 7, 0, 9, 0}));
+  CopyShard(t, /*mod_sharding=*/true, 2, 1, 2, &state, shard, /*to_state=*/true);
+  EXPECT_TRUE((std::vector<float>(state.data(), state.data() + 5) ==
+               std::vector<float>{0, 7, 0, 9, 0}));
   // DIV_DEFAULT: shard 1 of 2 holds rows 3 and 4.
   float out[2];
-  state = {0, 1, 2, 3, 4};
-  CopyShard(t, /*mod_sharding=*/false, 2, 1, 2, state.data(), out, /*to_state=*/false);
+  for (int i = 0; i < 5; ++i) state.data()[i] = i;
+  CopyShard(t, /*mod_sharding=*/false, 2, 1, 2, &state, out, /*to_state=*/false);
   EXPECT_NEAR(out[0], 3.0f, 0.0f);
   EXPECT_NEAR(out[1], 4.0f, 0.0f);
+}
+
+// bfloat16 storage: Load rounds to nearest even, Retrieve widens exactly.
+TEST(CopyShardBf16RoundsOnLoad) {
+  Table t;
+  t.vocabulary_size = 2;
+  t.dimension = 2;
+  FloatBuffer state;
+  EXPECT_TRUE(state.Allocate(4, 0.5f, /*bf16=*/true).ok());
+  EXPECT_NEAR(ToFloat(state.half()[3]), 0.5f, 0.0f);
+  // 1 + 2^-8 is half-way between 1 and 1 + 2^-7: ties to even (1);
+  // 1 + 3 * 2^-8 is half-way between 1 + 2^-7 and 1 + 2^-6: to 1 + 2^-6.
+  float shard[] = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, -2.0f, 1.0f + 0x1p-9f};
+  CopyShard(t, false, 1, 0, 2, &state, shard, /*to_state=*/true);
+  float out[4];
+  CopyShard(t, false, 1, 0, 2, &state, out, /*to_state=*/false);
+  EXPECT_NEAR(out[0], 1.0f, 0.0f);
+  EXPECT_NEAR(out[1], 1.0f + 0x1p-6f, 0.0f);
+  EXPECT_NEAR(out[2], -2.0f, 0.0f);
+  EXPECT_NEAR(out[3], 1.0f, 0.0f);
 }
 
 }  // namespace
