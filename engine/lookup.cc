@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "engine/engine.h"
-#include "xla/tsl/platform/threadpool.h"
+#include "tsl/platform/threadpool.h"  // every TF 2.16-2.21 ships this path
 
 namespace tf_tpu_emb {
 
