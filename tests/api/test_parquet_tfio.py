@@ -11,15 +11,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-tfio = pytest.importorskip(
-    "tensorflow_io", reason="tensorflow-io is not installed (the `make test-tfio` lane has it)")
-pytest.importorskip("pyarrow", reason="pyarrow writes the Parquet files")
-try:
-    tfio.IODataset.from_parquet  # pylint: disable=pointless-statement
-    from tensorflow_io.python.ops import core_ops  # noqa: F401  (loads the native ops)
-except (ImportError, NotImplementedError, tf.errors.NotFoundError) as e:
-    pytest.skip("tensorflow-io's native ops do not load on TensorFlow %s: %s"
-                % (tf.__version__, str(e)[:200]), allow_module_level=True)
+import tf_features  # noqa: E402
+
+tf_features.import_tfio_or_skip()
 
 import tf_tpu_emb  # noqa: E402
 from tf_tpu_emb.data import parquet  # noqa: E402

@@ -47,3 +47,19 @@ def missing_optimizer_in(text):
         if info.proto_field in text or info.class_name in text:
             return info
     return None
+
+
+def import_tfio_or_skip():
+    """tensorflow_io with its native ops loaded (and pyarrow, which writes the
+    Parquet files), else skips the calling test module with the reason: the
+    `make test-tfio` lane (TF 2.16.2 + tensorflow-io 0.37.1) has both."""
+    tfio = pytest.importorskip(
+        "tensorflow_io", reason="tensorflow-io is not installed (the `make test-tfio` lane "
+        "has it)")
+    pytest.importorskip("pyarrow", reason="pyarrow writes the Parquet files")
+    try:
+        from tensorflow_io.python.ops import core_ops  # noqa: F401  (loads the native ops)
+    except (ImportError, NotImplementedError, tf.errors.NotFoundError) as e:
+        pytest.skip("tensorflow-io's native ops do not load on TensorFlow %s: %s"
+                    % (tf.__version__, str(e)[:200]), allow_module_level=True)
+    return tfio

@@ -12,7 +12,8 @@ The layout is flat, because tensorflow-io's Parquet reader
 * ``<feature>_weights``: for weighted features, the ids' float weights in
   the same form and count.
 
-:func:`write_click_log` writes that layout with pyarrow; :func:`read_click_log`
+:func:`write_click_log` (or :class:`ClickLogWriter`, chunk by chunk) writes
+that layout with pyarrow; :func:`read_click_log`
 reads it with tensorflow-io into batches ``(dense [B, n] float32,
 {feature: RaggedTensor int64 ids}, {feature: RaggedTensor float32 weights},
 labels [B] float32)``; ``enqueue(ids, enqueue_weights(features, weights))``
@@ -39,20 +40,8 @@ def _joined(rows, fmt):
     return [" ".join(fmt % v for v in row) for row in rows]
 
 
-def write_click_log(path, labels, ids, weights=None, dense=None, row_group_size=None):
-    """Writes a click log in the layout above with pyarrow.
-
-    Args:
-      path: the Parquet file.
-      labels: [n] labels.
-      ids: {feature: n sequences of int ids} (ragged: any length per example).
-      weights: {feature: n sequences of float weights}, each as long as its
-        example's ids; None: no weighted feature.
-      dense: [n, k] dense features or None.
-      row_group_size: rows per Parquet row group (pyarrow's default if None).
-    """
+def _table(labels, ids, weights, dense):
     import pyarrow as pa  # pylint: disable=import-outside-toplevel
-    import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
 
     labels = np.asarray(labels, np.float32)
     n = len(labels)
@@ -72,7 +61,53 @@ def write_click_log(path, labels, ids, weights=None, dense=None, row_group_size=
         if [len(r) for r in rows] != [len(r) for r in ids[feature]]:
             raise ValueError("feature %r: every example needs one weight per id" % (feature,))
         columns[weights_column(feature)] = pa.array(_joined(rows, "%.9g"), pa.string())
-    pq.write_table(pa.table(columns), path, row_group_size=row_group_size)
+    return pa.table(columns)
+
+
+class ClickLogWriter:
+    """Writes a click log chunk by chunk (one Parquet row group per
+    :meth:`write`), so a long log need not fit in memory; a context manager.
+    """
+
+    def __init__(self, path):
+        self._path = path
+        self._writer = None
+
+    def write(self, labels, ids, weights=None, dense=None):
+        """Appends examples.
+
+        Args:
+          labels: [n] labels.
+          ids: {feature: n sequences of int ids} (ragged: any length per example).
+          weights: {feature: n sequences of float weights}, each as long as
+            its example's ids; None: no weighted feature.
+          dense: [n, k] dense features or None.
+
+        Raises:
+          ValueError: a feature's row count or a weight count does not match.
+        """
+        import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
+
+        table = _table(labels, ids, weights, dense)
+        if self._writer is None:
+            self._writer = pq.ParquetWriter(self._path, table.schema)
+        self._writer.write_table(table)
+
+    def close(self):
+        if self._writer is not None:
+            self._writer.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def write_click_log(path, labels, ids, weights=None, dense=None):
+    """Writes a click log in one go (arguments as :meth:`ClickLogWriter.write`)."""
+    with ClickLogWriter(path) as writer:
+        writer.write(labels, ids, weights, dense)
 
 
 def _ragged(strings, dtype):
