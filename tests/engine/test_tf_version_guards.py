@@ -45,6 +45,14 @@ def _config():
                                               num_features=1)], batch_size=2)
 
 
+def _spmd_config():
+    """_config() with automatic SPMD partitioning over one core per replica."""
+    config = _config()
+    config.spmd_sharding.enabled = True
+    config.spmd_sharding.num_cores_per_replica = 1
+    return config
+
+
 def _configure_refused(config, match):
     eu.shutdown()
     with pytest.raises(tf.errors.UnimplementedError, match=match):
@@ -80,9 +88,7 @@ def test_configure_refuses_frequency_aware_adagrad_of_a_newer_tf():
 @old_tf_only
 @pytest.mark.usefixtures("engine_released")
 def test_configure_refuses_manual_partitioning_of_a_newer_tf():
-    config = _config()
-    config.spmd_sharding.enabled = True
-    config.spmd_sharding.num_cores_per_replica = 1
+    config = _spmd_config()
     config.spmd_sharding.MergeFromString(_tag(MANUAL_PARTITIONING_FIELD, 0) + b"\x01")
     _configure_refused(config, r"spmd_sharding\.use_manual_partitioning \(manual SPMD "
                                r"partitioning\) needs TensorFlow >= 2\.19")
@@ -92,10 +98,7 @@ def test_configure_refuses_manual_partitioning_of_a_newer_tf():
 @pytest.mark.usefixtures("engine_released")
 def test_configure_accepts_the_same_config_without_the_newer_field():
     """The refusals above come from the unknown field alone."""
-    config = _config()
-    config.spmd_sharding.enabled = True
-    config.spmd_sharding.num_cores_per_replica = 1
-    with eu.engine(config):
+    with eu.engine(_spmd_config()):
         assert eu.is_initialized()
 
 
