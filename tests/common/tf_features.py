@@ -29,8 +29,9 @@ def missing_optimizer_reason(info):
 def optimizer_mark(proto_field):
     """A skip mark for tests of optimizer `proto_field` (none where TF has it)."""
     info = MISSING_OPTIMIZERS.get(proto_field)
-    return pytest.mark.skipif(info is not None,
-                              reason=info and missing_optimizer_reason(info))
+    return pytest.mark.skipif(
+        info is not None,
+        reason=missing_optimizer_reason(info) if info else "this TF has " + proto_field)
 
 
 needs_frequency_aware_adagrad = optimizer_mark("frequency_aware_adagrad")
