@@ -439,7 +439,7 @@ def _train_and_export(args, vocab, gen, train_rng, held_out, embedding):
     signature = [tf.TensorSpec([batch, NUM_DENSE], tf.float32),
                  [tf.TensorSpec([batch * h], tf.int64) for h in MULTI_HOT]]
 
-    def step(dense, features, labels):
+    def train_on(dense, features, labels):  # (`step` is the loop's counter below)
         embedding.enqueue(features, training=True)
         with tf.GradientTape() as tape:
             activations = embedding.dequeue()
@@ -453,14 +453,14 @@ def _train_and_export(args, vocab, gen, train_rng, held_out, embedding):
 
     @tf.function(input_signature=signature + [tf.TensorSpec([batch], tf.float32)])
     def train_step(dense, values, labels):
-        return step(dense, ragged_features(values, batch), labels)
+        return train_on(dense, ragged_features(values, batch), labels)
 
     if args.parquet:  # tensorflow-io -> tf.data -> ragged ids (any multi-hot count)
         from tf_tpu_emb.data import parquet  # pylint: disable=import-outside-toplevel
 
         ragged = {f: tf.RaggedTensorSpec([batch, None], tf.int64, 1, tf.int64)
                   for f in FEATURES}
-        train_step = tf.function(step, input_signature=[
+        train_step = tf.function(train_on, input_signature=[
             signature[0], ragged, tf.TensorSpec([batch], tf.float32)])
         batches = iter(parquet.read_click_log(args.parquet, FEATURES, batch_size=batch,
                                               num_dense=NUM_DENSE).repeat())
