@@ -10,14 +10,14 @@ TF_REQ ?= tensorflow-cpu==2.21.0
 SRCS    = $(wildcard ops/*.cc engine/*.cc kernels/*.cc core/*.h engine/*.h kernels/*.h) setup.py
 PYTEST_ARGS ?=
 
-.PHONY: all venv build test cpp-test demo movielens bench bench-peers bazel-check bazel-install clean fuzz sanitize
-.PHONY: package-check
+.PHONY: all venv build test cpp-test demo movielens bench bench-peers bazel-check bazel-install clean fuzz sanitize \
+        test-tf test-tfio package-check
 
 all: build
 
 $(VENV)/.deps: Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q "setuptools>=64" wheel "$(TF_REQ)" numpy pytest matplotlib
+	$(PIP) install -q "setuptools>=64" wheel $(TF_REQ) numpy pytest matplotlib
 	touch $@
 
 venv: $(VENV)/.deps
@@ -88,6 +88,9 @@ fuzz: build
 # TF_TPU_EMB_SANITIZE=1) in a copy of the tree under build/sanitize (the normal
 # build is untouched), then the test suite (with the fuzz quick profile) run
 # against it with the sanitizer runtimes preloaded into python.
+# The working tree's files (tracked and not ignored) copied into a folder.
+COPY_TREE  = git ls-files -z --cached --others --exclude-standard | \
+             tar --null --ignore-failed-read -T - -cf - | tar -xf - -C
 SAN_TREE   = $(CURDIR)/build/sanitize/tree
 SAN_ENV    = LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-name=libubsan.so)" \
              ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:allocator_may_return_null=1:detect_odr_violation=0 \
@@ -96,11 +99,42 @@ SAN_ENV    = LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-
 SAN_PYTEST ?= -q -x -p no:cacheprovider
 sanitize: venv
 	rm -rf $(SAN_TREE) && mkdir -p $(SAN_TREE)
-	git ls-files -z --cached --others --exclude-standard | \
-	  tar --null --ignore-failed-read -T - -cf - | tar -xf - -C $(SAN_TREE)
+	$(COPY_TREE) $(SAN_TREE)
 	cd $(SAN_TREE) && TF_TPU_EMB_SANITIZE=1 $(CURDIR)/$(PY) setup.py -q build_ext --inplace \
 	  --build-temp $(SAN_TREE)/build/tmp
 	cd $(SAN_TREE) && $(SAN_ENV) $(CURDIR)/$(VENV)/bin/pytest $(SAN_PYTEST) $(PYTEST_ARGS)
+# ----------------------------------------------------------------------------
+
+# ----------------------------------------------------------------------------
+# Other TensorFlow versions (README "TensorFlow versions").  `make test-tf`
+# builds the same sources against the TensorFlow of LANE_VENV (created with
+# LANE_REQ) in a copy of the tree under build/lanes/ -- the in-tree build
+# belongs to $(VENV) -- and runs the suite there, e.g.
+#   make test-tf LANE_VENV=.venv-tf218 LANE_REQ="tensorflow-cpu==2.18.1"
+# `make test-tfio` is CI's second lane: TF 2.16.2 + tensorflow-io 0.37.1
+# (built for TF 2.16; numpy < 2 as TF 2.16 needs; pyarrow writes the Parquet
+# files) and the whole suite, the Parquet -> tfio -> enqueue test included.
+TFIO_REQ    = tensorflow-cpu==2.16.2 tensorflow-io==0.37.1 \
+              tensorflow-io-gcs-filesystem==0.37.1 "numpy<2" pyarrow==17.0.0
+LANE_VENV  ?= .venv-tf216
+LANE_REQ   ?= $(TFIO_REQ)
+LANE_PY     = $(CURDIR)/$(LANE_VENV)/bin/python
+LANE_TREE   = $(CURDIR)/build/lanes/$(notdir $(LANE_VENV))
+LANE_PYTEST ?= -q -p no:cacheprovider
+
+$(LANE_VENV)/.deps: Makefile
+	$(PYTHON) -m venv $(LANE_VENV)
+	$(LANE_PY) -m pip install -q "setuptools>=64" wheel $(LANE_REQ) pytest matplotlib
+	touch $@
+
+test-tf: $(LANE_VENV)/.deps
+	rm -rf $(LANE_TREE) && mkdir -p $(LANE_TREE)
+	$(COPY_TREE) $(LANE_TREE)
+	cd $(LANE_TREE) && $(LANE_PY) setup.py -q build_ext --inplace --build-temp $(LANE_TREE)/build/tmp
+	cd $(LANE_TREE) && PYTHONPATH=$(LANE_TREE) $(CURDIR)/$(LANE_VENV)/bin/pytest $(LANE_PYTEST) $(PYTEST_ARGS)
+
+test-tfio:
+	$(MAKE) test-tf LANE_VENV=.venv-tf216 LANE_REQ='$(TFIO_REQ)'
 # ----------------------------------------------------------------------------
 
 clean:

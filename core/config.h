@@ -17,7 +17,9 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
+#include "google/protobuf/unknown_field_set.h"
 #include "core/optimizers.h"
+#include "core/tf_version.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/framework/tensor_shape.pb.h"
 #include "tensorflow/core/platform/errors.h"
@@ -120,8 +122,14 @@ inline TensorShapeProto MakeShapeProto(const std::vector<int64_t>& dims) {
 // TF, nothing else is validated here; unlike TF (which reads out of bounds),
 // a feature whose table_id does not name a table is an error.
 inline bool SpmdMultipliesOutputs(const TPUEmbeddingConfiguration& config) {
+#if TF_TPU_EMB_HAS_TF219_PROTOS
   return config.spmd_sharding().enabled() &&
          !config.spmd_sharding().use_manual_partitioning();
+#else
+  // Before TF 2.19 SPMD partitioning is automatic only; a config asking for
+  // manual partitioning is refused at configure (RefuseNewerTfFeatures).
+  return config.spmd_sharding().enabled();
+#endif
 }
 
 inline absl::Status ComputeOutputShapes(const TPUEmbeddingConfiguration& config,
@@ -243,12 +251,53 @@ inline absl::Status StateVariableNames(const OptimizationParameters& params,
   return absl::OkStatus();
 }
 
+// True when `m` carries an unknown field numbered `number`: what this TF's
+// parser makes of a field that only a newer TF's proto declares.
+inline bool HasUnknownField(const ::google::protobuf::Message& m, int number) {
+  const ::google::protobuf::UnknownFieldSet& unknown =
+      m.GetReflection()->GetUnknownFields(m);
+  for (int i = 0; i < unknown.field_count(); ++i) {
+    if (unknown.field(i).number() == number) return true;
+  }
+  return false;
+}
+
+// The features whose proto fields the TensorFlow this library is built
+// against lacks (a config serialized by a newer TF carries them as unknown
+// fields): Unimplemented, naming the feature and the TF it needs.
+inline absl::Status RefuseNewerTfFeatures(const TPUEmbeddingConfiguration& config) {
+  const std::string built_for = absl::StrCat(
+      "; this build of tf_tpu_emb is for TensorFlow ", TF_TPU_EMB_TF_VERSION / 1000, ".",
+      TF_TPU_EMB_TF_VERSION % 1000 / 10);
+  for (const auto& desc : config.table_descriptor()) {
+    for (const VersionedOptimizer& v : VersionedOptimizers()) {
+      if (TF_TPU_EMB_TF_AT_LEAST(v.min_tf_major, v.min_tf_minor)) continue;
+      if (HasUnknownField(desc.optimization_parameters(), v.proto_number)) {
+        return absl::UnimplementedError(absl::StrCat(
+            "table '", desc.name(), "': the ", v.op_infix,
+            " optimizer (OptimizationParameters.", v.proto_field, ") needs TensorFlow >= ",
+            v.min_tf_major, ".", v.min_tf_minor, built_for));
+      }
+    }
+  }
+#if !TF_TPU_EMB_HAS_TF219_PROTOS
+  constexpr int kUseManualPartitioningField = 3;  // TPUEmbeddingConfiguration.SpmdSharding
+  if (HasUnknownField(config.spmd_sharding(), kUseManualPartitioningField)) {
+    return absl::UnimplementedError(absl::StrCat(
+        "spmd_sharding.use_manual_partitioning (manual SPMD partitioning) needs "
+        "TensorFlow >= 2.19", built_for));
+  }
+#endif
+  return absl::OkStatus();
+}
+
 // Fills in what TF's ConfigureTPUEmbedding rewrite fills in
 // (PopulateMissingFieldsInTPUEmbeddingConfig), with the same errors: without
 // feature descriptors one is synthesised per table; with them,
 // batch_size_per_tensor_core becomes the gcd of the features' element counts
 // and num_features the per-table sum of element count / batch size.
 inline absl::Status CompleteConfig(TPUEmbeddingConfiguration* config) {
+  TF_RETURN_IF_ERROR(RefuseNewerTfFeatures(*config));
   if (config->feature_descriptor_size() == 0) {
     if (config->batch_size_per_tensor_core() <= 0) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -6,6 +6,7 @@
 
 #include <vector>
 
+#include "core/tf_version.h"
 #include "tensorflow/core/protobuf/tpu/optimization_parameters.pb.h"
 
 namespace tf_tpu_emb {
@@ -353,6 +354,7 @@ inline bool LionNonLazy(const OptimizationParameters& p) {
   return p.lion().use_non_lazy_lion();
 }
 
+#if TF_TPU_EMB_TF_AT_LEAST(2, 19)  // the proto field exists from this TF on
 inline void FrequencyAwareAdagradRead(const OptimizationParameters& p, HyperParams* h) {
   const auto& o = p.frequency_aware_adagrad();
   auto& x = h->frequency_aware_adagrad;
@@ -378,6 +380,7 @@ inline void FrequencyAwareAdagradSlotInit(const OptimizationParameters& p, float
   init[0] = p.frequency_aware_adagrad().initial_accumulator_value();  // accumulators
   init[1] = 0.0f;  // counters
 }
+#endif
 
 inline void AssignRead(const OptimizationParameters&, HyperParams* h) {
   h->assign = {};

@@ -179,6 +179,7 @@ inline const std::vector<OptimizerSpec>& AllOptimizers() {
        opt::LionRead, opt::LionSlotInit,
        opt::NoDynamicTags, opt::NoBindDynamic,
        opt::LionNonLazy, opt::LionUpdate},
+#if TF_TPU_EMB_TF_AT_LEAST(2, 19)
       {P::kFrequencyAwareAdagrad, "frequency_aware_adagrad", "FrequencyAwareAdagrad",
        "LoadTPUEmbeddingFrequencyAwareAdagradParameters",
        "RetrieveTPUEmbeddingFrequencyAwareAdagradParameters",
@@ -186,6 +187,7 @@ inline const std::vector<OptimizerSpec>& AllOptimizers() {
        opt::FrequencyAwareAdagradRead, opt::FrequencyAwareAdagradSlotInit,
        opt::FrequencyAwareAdagradDynamicTags, opt::FrequencyAwareAdagradBindDynamic,
        opt::Lazy, opt::FrequencyAwareAdagradUpdate},
+#endif
       {P::kAssign, "assign", "Assign",
        "LoadTPUEmbeddingAssignParameters",
        "RetrieveTPUEmbeddingAssignParameters",
@@ -200,6 +202,14 @@ inline const std::vector<OptimizerSpec>& AllOptimizers() {
        opt::UserDefinedProgramRead, opt::NoSlots,
        opt::NoDynamicTags, opt::NoBindDynamic,
        opt::Lazy, opt::Unimplemented},
+  };
+  return *kAll;
+}
+
+// The optimizers with a minimum TensorFlow (see VersionedOptimizer).
+inline const std::vector<VersionedOptimizer>& VersionedOptimizers() {
+  static const auto* const kAll = new std::vector<VersionedOptimizer>{
+      {30, "frequency_aware_adagrad", "FrequencyAwareAdagrad", 2, 19},
   };
   return *kAll;
 }

@@ -74,6 +74,18 @@ struct OptimizerSpec {
   void (*update)(const RowArgs& a);
 };
 
+// An optimizer whose OptimizationParameters field first appears in a later
+// TensorFlow than some this library builds against (spec `min_tf`).  On an
+// older TF it is not in AllOptimizers(); a config that carries it arrives as
+// an unknown field numbered `proto_number` and is refused at configure.
+struct VersionedOptimizer {
+  int proto_number;
+  const char* proto_field;
+  const char* op_infix;
+  int min_tf_major;
+  int min_tf_minor;
+};
+
 namespace opt {
 
 // Shared table entries for optimizers without slots / dynamic inputs /

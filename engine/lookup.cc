@@ -6,7 +6,7 @@
 
 #include "core/cpu_dispatch.h"
 #include "engine/engine.h"
-#include "xla/tsl/platform/threadpool.h"
+#include "tsl/platform/threadpool.h"  // every TF 2.16-2.21 ships this path
 
 namespace tf_tpu_emb {
 

@@ -16,7 +16,7 @@
 #include "engine/engine.h"
 #include "engine/exceptions.h"
 #include "engine/input_mappers.h"
-#include "xla/tsl/platform/threadpool.h"
+#include "tsl/platform/threadpool.h"  // every TF 2.16-2.21 ships this path
 
 namespace tf_tpu_emb {
 namespace mapping {

@@ -70,7 +70,7 @@ class EnqueueOp : public OpKernel {
     EngineRef engine;
     OP_REQUIRES_OK(ctx, engine.Acquire(ctx, op_));
     Batch batch;
-    int replica;
+    int replica = 0;  // set by Common (initialised: g++ warns under TF 2.16 headers)
     OP_REQUIRES_OK(ctx, Common(ctx, *engine, &replica, &batch.training));
     EnqueueInputs in;
     OP_REQUIRES_OK(ctx, Inputs(ctx, &in));

@@ -34,3 +34,21 @@ def engine_released(lib):
         yield
     finally:
         ops.shutdown_tpu_embedding()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skips the cases parametrized with an optimizer this TensorFlow's protos
+    lack (tests/common/tf_features.py): FrequencyAwareAdagrad before TF 2.19."""
+    del config
+    import tf_features
+
+    if not tf_features.MISSING_OPTIMIZERS:
+        return
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is None:
+            continue
+        info = tf_features.missing_optimizer_in(
+            callspec.id + " " + " ".join(repr(v) for v in callspec.params.values()))
+        if info is not None:
+            item.add_marker(pytest.mark.skip(reason=tf_features.missing_optimizer_reason(info)))

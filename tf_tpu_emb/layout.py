@@ -110,6 +110,13 @@ def _parse_config(config):
                     % type(config).__name__)
 
 
+# The message of a dynamic input (a value fed by tag at every step): TF 2.16-2.18
+# name it DynamicLearningRate (the learning rate was the only one), TF >= 2.19
+# OptimizerDynamicInput.
+_DYNAMIC_INPUT_TYPES = ("tensorflow.tpu.OptimizerDynamicInput",
+                        "tensorflow.tpu.DynamicLearningRate")
+
+
 def _dynamic_tags(message, tags):
     """Collects the tags of every OptimizerDynamicInput inside `message` (the
     dynamic learning rate, FrequencyAwareAdagrad's step counter, ...)."""
@@ -118,7 +125,7 @@ def _dynamic_tags(message, tags):
             continue
         values = [value] if hasattr(value, "ListFields") else value  # repeated
         for v in values:
-            if field.message_type.full_name == "tensorflow.tpu.OptimizerDynamicInput":
+            if field.message_type.full_name in _DYNAMIC_INPUT_TYPES:
                 tags.add(v.tag)
             else:
                 _dynamic_tags(v, tags)

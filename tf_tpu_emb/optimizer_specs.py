@@ -122,6 +122,14 @@ class OptimizerInfo:
     non_lazy_field: bool proto field that, when true, makes the engine also
       update the rows a step did not touch (with g = 0); None: always lazy.
     implemented: False: the engine refuses the optimizer at configure.
+    min_tf: (major, minor) of the first TensorFlow whose protos have
+      ``proto_field``, or None (all supported versions).  On an older TF the
+      generated C++ leaves the optimizer out of the table and the engine
+      refuses a config carrying it with Unimplemented; the Python class
+      refuses to be built.
+    proto_number: the field number of ``proto_field`` in
+      ``OptimizationParameters``; required with ``min_tf`` (an older TF's
+      parser keeps the field as an unknown field of that number).
     """
     proto_field: str
     op_infix: str
@@ -139,6 +147,8 @@ class OptimizerInfo:
     lr_doc: str = ""
     non_lazy_field: Optional[str] = None
     implemented: bool = True
+    min_tf: Optional[Tuple[int, int]] = None
+    proto_number: Optional[int] = None
 
     @property
     def load_op(self):
@@ -403,6 +413,7 @@ m = beta_2 * m + (1 - beta_2) * g"""),
         "frequency_aware_adagrad", "FrequencyAwareAdagrad", ("accumulators", "counters"),
         False,
         slot_init=("initial_accumulator_value", 0.0), class_name="FrequencyAwareAdagrad",
+        min_tf=(2, 19), proto_number=30,
         summary="Adagrad whose step grows for rarely seen ids.",
         hypers=(
             _L1._replace(field="l1_regularization_strength"),

@@ -115,6 +115,21 @@ def _check_value(h, v):
     return v
 
 
+def tf_has_optimizer(info):
+    """Whether this TensorFlow's ``OptimizationParameters`` has the field of
+    optimizer `info` (an :class:`OptimizerInfo`).  Only optimizers with a
+    ``min_tf`` can be missing: FrequencyAwareAdagrad before TF 2.19."""
+    return info.proto_field in _op_pb2.OptimizationParameters.DESCRIPTOR.fields_by_name
+
+
+def _refuse_missing_in_tf(info):
+    if not tf_has_optimizer(info):
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+        raise NotImplementedError(
+            "%s needs TensorFlow >= %d.%d: TensorFlow %s's OptimizationParameters has "
+            "no field %r" % ((info.class_name,) + info.min_tf + (tf.__version__, info.proto_field)))
+
+
 def _check_common(learning_rate, values):
     if not (callable(learning_rate) or
             (_is_number(learning_rate) and math.isfinite(float(learning_rate)))):
@@ -162,6 +177,7 @@ class EmbeddingOptimizer(_Optimizer):
 
     def _construct(self, learning_rate, **values):
         info = type(self)._INFO
+        _refuse_missing_in_tf(info)
         _check_common(learning_rate, values)
         super().__init__(
             learning_rate,

@@ -249,8 +249,7 @@ def serving_module(embedding, input_signature, model_fn=None, *, weighted_featur
             weights = tf.nest.pack_sequence_as(input_signature, flat_w)
         else:
             weights = None
-        act = tf.tpu.experimental.embedding.serving_embedding_lookup(
-            features, weights, tables, feature_config)
+        act = _signatures.serving_embedding_lookup(features, weights, tables, feature_config)
         return act if model_fn is None else model_fn(act)
 
     return _signatures.build_serving_module(

@@ -231,3 +231,27 @@ def save(module, path, signature_name=DEFAULT_SIGNATURE, options=None):
     `signature_name` signature is its flat ``serve`` function."""
     signatures = {signature_name: module.serve.get_concrete_function()}
     tf.saved_model.save(module, os.fspath(path), signatures=signatures, options=options)
+
+
+def serving_embedding_lookup(features, weights, tables, feature_config):
+    """``tf.tpu.experimental.embedding.serving_embedding_lookup`` (TF's stock-op
+    CPU lookup) for `features` that may cover only some of `feature_config`.
+
+    TF 2.21 accepts inputs whose paths are a subset of the feature config;
+    TF 2.16-2.20 require the very same structure (``assert_same_structure``).
+    The lookup is therefore given the feature config cut down to the inputs'
+    paths, which every version accepts and which returns the same outputs,
+    in the inputs' structure.
+
+    Raises:
+      ValueError: an input's path is not in `feature_config`.
+    """
+    by_path = dict(_nest.flatten_with_joined_string_paths(feature_config))
+    paths = [p for p, _ in _nest.flatten_with_joined_string_paths(features)]
+    missing = [p for p in paths if p not in by_path]
+    if missing:
+        raise ValueError("Inputs %s are not in the feature config (its features: %s)."
+                         % (missing, sorted(by_path)))
+    config = _nest.pack_sequence_as(features, [by_path[p] for p in paths])
+    return tf.tpu.experimental.embedding.serving_embedding_lookup(
+        features, weights, tables, config)

@@ -70,11 +70,20 @@ def _slot_init_expr(info, i):
     return "p.%s().%s()" % (info.proto_field, h.field)
 
 
+def _tf_guard(info):
+    """The `#if` that keeps a `min_tf` optimizer's proto accessors out of
+    builds against an older TensorFlow (core/tf_version.h), or None."""
+    if info.min_tf is None:
+        return None
+    return "#if TF_TPU_EMB_TF_AT_LEAST(%d, %d)" % info.min_tf
+
+
 def params_header(specs):
     infos = specs.OPTIMIZERS + specs.REFUSED
     out = _header("TF_TPU_EMB_CORE_OPTIMIZER_PARAMS_GEN_H_",
                   "Included by core/optimizers.h.")
     out += ["#include <vector>", "",
+            '#include "core/tf_version.h"',
             '#include "tensorflow/core/protobuf/tpu/optimization_parameters.pb.h"', "",
             "namespace tf_tpu_emb {", "",
             "using OptimizationParameters = ::tensorflow::tpu::OptimizationParameters;", "",
@@ -108,6 +117,9 @@ def params_header(specs):
     for info in infos:
         name = camel(info.proto_field)
         pf = info.proto_field
+        guard = _tf_guard(info)
+        if guard:
+            out.append("%s  // the proto field exists from this TF on" % guard)
         # Read: proto -> struct.
         if info.engine_hypers or info.dynamic_inputs:
             out.append("inline void %sRead(const OptimizationParameters& p, HyperParams* h) {"
@@ -155,6 +167,8 @@ def params_header(specs):
             out.append("inline bool %sNonLazy(const OptimizationParameters& p) {" % name)
             out.append("  return p.%s().%s();" % (pf, info.non_lazy_field))
             out.append("}")
+        if guard:
+            out.append("#endif")
         out.append("")
     out += ["}  // namespace opt", "}  // namespace tf_tpu_emb", "",
             "#endif  // TF_TPU_EMB_CORE_OPTIMIZER_PARAMS_GEN_H_", ""]
@@ -181,6 +195,9 @@ def table_header(specs):
         name = camel(info.proto_field)
         has_ops = info.proto_field not in {r.proto_field for r in specs.REFUSED}
         slots = ", ".join('{"%s"}' % s for s in info.slots)
+        guard = _tf_guard(info)
+        if guard:
+            out.append(guard)
         out += [
             "      {P::k%s, \"%s\", \"%s\"," % (name, info.proto_field, info.op_infix),
             "       %s," % (('"%s"' % info.load_op) if has_ops else "nullptr"),
@@ -197,6 +214,16 @@ def table_header(specs):
                 ("opt::%sNonLazy" % name) if info.non_lazy_field else "opt::Lazy",
                 ("opt::%sUpdate" % name) if info.implemented else "opt::Unimplemented"),
         ]
+        if guard:
+            out.append("#endif")
+    out += ["  };", "  return *kAll;", "}", ""]
+    out += ["// The optimizers with a minimum TensorFlow (see VersionedOptimizer).",
+            "inline const std::vector<VersionedOptimizer>& VersionedOptimizers() {",
+            "  static const auto* const kAll = new std::vector<VersionedOptimizer>{"]
+    for info in infos:
+        if info.min_tf is not None:
+            out.append('      {%d, "%s", "%s", %d, %d},' % (
+                (info.proto_number, info.proto_field, info.op_infix) + info.min_tf))
     out += ["  };", "  return *kAll;", "}", "", "}  // namespace tf_tpu_emb", "",
             "#endif  // TF_TPU_EMB_CORE_OPTIMIZER_TABLE_GEN_H_", ""]
     return "\n".join(out)

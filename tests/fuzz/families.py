@@ -52,6 +52,8 @@ def optimizer_templates():
                                              weight_exponent=1.0)}
         _templates = {}
         for info in opt_mod.OPTIMIZERS:
+            if not opt_mod.tf_has_optimizer(info):
+                continue  # this TF's protos cannot express it (README "TensorFlow versions")
             kwargs = dict(learning_rate=0.1, **extra.get(info.proto_field, {}))
             if info.class_name:
                 opt = getattr(tf_tpu_emb, info.class_name)(**kwargs)
@@ -132,7 +134,7 @@ def _renumber_dynamic_tags(c):
     for d in c.table_descriptor:
         p = d.optimization_parameters
         msgs = [p.learning_rate] + ([p.frequency_aware_adagrad.step_counter]
-                                    if p.HasField("frequency_aware_adagrad")
+                                    if p.WhichOneof("parameters") == "frequency_aware_adagrad"
                                     and p.frequency_aware_adagrad.HasField("step_counter")
                                     else [])
         for m in msgs:
@@ -155,7 +157,7 @@ def num_dynamic(c):
         p = d.optimization_parameters
         if p.learning_rate.HasField("dynamic"):
             tags.add(p.learning_rate.dynamic.tag)
-        if p.HasField("frequency_aware_adagrad") and \
+        if p.WhichOneof("parameters") == "frequency_aware_adagrad" and \
                 p.frequency_aware_adagrad.HasField("step_counter"):
             tags.add(p.frequency_aware_adagrad.step_counter.tag)
     return len(tags)
@@ -243,7 +245,11 @@ def mutate_config(rng, c):
         elif kind == 16:
             c.spmd_sharding.enabled = True
             c.spmd_sharding.num_cores_per_replica = _pick(rng, (0, -1, 1, 2, I32_MAX))
-            c.spmd_sharding.use_manual_partitioning = bool(rng.random() < 0.3)
+            manual = bool(rng.random() < 0.3)
+            if "use_manual_partitioning" in c.spmd_sharding.DESCRIPTOR.fields_by_name:
+                c.spmd_sharding.use_manual_partitioning = manual
+            elif manual:  # TF < 2.19: the field as a newer TF writes it (refused)
+                c.spmd_sharding.MergeFromString(b"\x18\x01")
         elif kind == 17:
             p.gradient_accumulation_status = _pick(rng, (0, 1, 2, 7))
             p.low_dimensional_packing_status = _pick(rng, (0, 1, 2, 9))

@@ -18,6 +18,7 @@ from tensorflow.python.framework import op_def_library
 from tensorflow.python.framework import op_def_registry
 import tensorflow as tf
 
+import tf_features
 from tf_tpu_emb import ops as tte_ops
 from tf_tpu_emb.optimizers import BY_PROTO_FIELD, OPTIMIZERS
 
@@ -125,7 +126,10 @@ def test_optimizer_table_covers_proto_oneof():
         "parameters"]
     fields = {f.name for f in oneof.fields} - {"user_defined_program"}
     assert [o.proto_field for o in OPTIMIZERS] == list(BY_PROTO_FIELD)
-    assert set(BY_PROTO_FIELD) == fields
+    # An older TF lacks the fields of the optimizers with a later min_tf.
+    missing = set(tf_features.MISSING_OPTIMIZERS)
+    assert all(tf_features.TF_VERSION < BY_PROTO_FIELD[f].min_tf for f in missing)
+    assert set(BY_PROTO_FIELD) - missing == fields
     assert len({o.op_infix for o in OPTIMIZERS}) == len(OPTIMIZERS)
 
 
@@ -184,9 +188,12 @@ def test_op_name_constants():
     constants = {k: v for k, v in vars(tte_ops).items()
                  if k.isupper() and isinstance(v, str) and v.startswith(PREFIX) and v != PREFIX}
     assert sorted(constants.values()) == sorted(tte_ops.OP_NAMES.values())
+    missing_ops = {PREFIX + op for i in tf_features.MISSING_OPTIMIZERS.values()
+                   for op in (i.load_op, i.retrieve_op)}
     for const_name, full in constants.items():
-        # Each constant names a registered op and has a wrapper of the same name.
-        assert op_def_registry.get(full) is not None, const_name
+        # Each constant names a registered op (unless its optimizer is missing
+        # from this TF's protos) and has a wrapper of the same name.
+        assert (op_def_registry.get(full) is None) == (full in missing_ops), const_name
         assert callable(getattr(tte_ops, const_name.lower(), None)), const_name
 
 

@@ -36,14 +36,17 @@ from tensorflow.python.framework import op_def_library
 from tensorflow.python.framework import op_def_registry
 
 from tf_tpu_emb import ops as tte_ops
-from tf_tpu_emb.optimizers import OPTIMIZERS
+from tf_tpu_emb.optimizers import OPTIMIZERS, tf_has_optimizer
 
 PREFIX = tte_ops.PREFIX
 Config = config_pb2.TPUEmbeddingConfiguration
 GA = opt_pb2.GradientAccumulationStatus
 GA_STATUSES = (GA.UNSPECIFIED, GA.ENABLED, GA.DISABLED)
 MODES = (Config.UNSPECIFIED, Config.INFERENCE, Config.TRAINING, Config.BACKWARD_PASS_ONLY)
-OPT_FIELDS = tuple(o.proto_field for o in OPTIMIZERS)  # no user_defined_program (c)
+# No user_defined_program (c); only the optimizers this TF's protos can express
+# (FrequencyAwareAdagrad from TF 2.19, tests/common/tf_features.py).
+OPT_FIELDS = tuple(o.proto_field for o in OPTIMIZERS if tf_has_optimizer(o))
+SPMD_FIELDS = Config.SpmdSharding.DESCRIPTOR.fields_by_name
 MAX_STATE_VARIABLES = 8
 GROUPS = ("parameters",) + tuple("auxiliary%d" % i for i in range(1, MAX_STATE_VARIABLES))
 
@@ -249,6 +252,8 @@ def _spec_configs(rng):
             ("spmd_features_unknown_x2", [[-1, 3]], dict(enabled=True, num_cores_per_replica=2)),
             ("spmd_features_unknown_x1", [[-1, 3]], dict(enabled=True, num_cores_per_replica=1)),
             ("spmd_features_x8", [[16, 2, 3, 4]], dict(enabled=True, num_cores_per_replica=8))):
+        if not all(f in SPMD_FIELDS for f in spmd):
+            continue  # e.g. use_manual_partitioning: TF >= 2.19 only
         c = Config(mode=Config.TRAINING, batch_size_per_tensor_core=0 if features else 2)
         _table(c, rng, dim=4, num_features=0 if features else 3)
         for shape in features or ():

@@ -32,8 +32,18 @@ this library's CPU engine, then served from a stock-op SavedModel.
   only TensorFlow and numpy loads the SavedModel and scores a few held-out
   examples (``serving_scores.json``).
 
+* **Parquet** (``tf_tpu_emb.data.parquet``): ``--write-parquet PATH`` writes
+  the training log the run would generate (``--steps`` x ``--batch-size``
+  examples, the same seed) as Parquet with pyarrow and exits;
+  ``--parquet PATH`` trains from such a file instead, read with
+  tensorflow-io through ``tf.data`` (ragged ids straight into the enqueue;
+  the held-out set is still generated).  Both need the tensorflow-io lane's
+  packages (README "Reading Parquet with tensorflow-io").
+
     python -m tf_tpu_emb.demo               # default run (a few minutes on 2 cores)
     python -m tf_tpu_emb.demo --quick       # tiny smoke run
+    python -m tf_tpu_emb.demo --quick --write-parquet log.parquet
+    python -m tf_tpu_emb.demo --quick --parquet log.parquet
 """
 import collections
 import math
@@ -318,6 +328,12 @@ def parse_args(argv=None):
     p.add_argument("--dense-lr", type=float, default=2e-3,
                    help="Adam learning rate of the MLPs (default 0.002)")
     p.add_argument("--seed", type=int, default=0, help="data and model seed (default 0)")
+    p.add_argument("--write-parquet", metavar="PATH",
+                   help="write the generated training log as Parquet and exit")
+    p.add_argument("--parquet", metavar="PATH",
+                   help="train from this Parquet click log (read with tensorflow-io) "
+                   "instead of the generator; written by --write-parquet with the same "
+                   "--max-vocab")
     args = common.parse_job_args(p, argv, DEFAULTS, QUICK, os.path.join("out", "demo"),
                                  "tiny run (small tables, few steps) for smoke tests")
     if min(args.steps, args.batch_size, args.dim, args.max_vocab, args.eval_every,
@@ -327,6 +343,19 @@ def parse_args(argv=None):
     # Whole batches: the engine's output shapes are fixed at build time.
     args.eval_batches = max(1, math.ceil(args.eval_examples / args.batch_size))
     return args
+
+
+def write_parquet(path, gen, rng, steps, batch):
+    """The training log (`steps` batches of the generator) as a Parquet click log."""
+    from tf_tpu_emb.data import parquet  # pylint: disable=import-outside-toplevel
+
+    with parquet.ClickLogWriter(path) as writer:
+        for _ in range(steps):
+            dense, ids, labels, _ = gen.batch(batch, rng)
+            writer.write(labels, {f: v.reshape(batch, hot)
+                                  for f, v, hot in zip(FEATURES, ids, MULTI_HOT)},
+                         dense=dense)
+    print("wrote %s examples to %s" % (format(steps * batch, ","), path))
 
 
 def main(argv=None):
@@ -344,10 +373,16 @@ def main(argv=None):
     print("  %s interaction, batch %d, %d steps, held-out %d examples, output %s"
           % (args.interaction, args.batch_size, args.steps,
              args.eval_batches * args.batch_size, os.path.abspath(args.out)))
+    if args.parquet:
+        print("  training from %s (Parquet, read with tensorflow-io through tf.data)"
+              % args.parquet)
 
     # Data: one planted model; training and held-out streams from separate seeds.
     gen = ClickGenerator(vocab, seed=args.seed)
     train_rng = np.random.default_rng([args.seed, 1])
+    if args.write_parquet:
+        write_parquet(args.write_parquet, gen, train_rng, args.steps, args.batch_size)
+        return 0
     eval_rng = np.random.default_rng([args.seed, 2])
     held_out = [gen.batch(args.batch_size, eval_rng) for _ in range(args.eval_batches)]
     eval_labels = np.concatenate([b[2] for b in held_out])
@@ -404,9 +439,8 @@ def _train_and_export(args, vocab, gen, train_rng, held_out, embedding):
     signature = [tf.TensorSpec([batch, NUM_DENSE], tf.float32),
                  [tf.TensorSpec([batch * h], tf.int64) for h in MULTI_HOT]]
 
-    @tf.function(input_signature=signature + [tf.TensorSpec([batch], tf.float32)])
-    def train_step(dense, values, labels):
-        embedding.enqueue(ragged_features(values, batch), training=True)
+    def train_on(dense, features, labels):  # (`step` is the loop's counter below)
+        embedding.enqueue(features, training=True)
         with tf.GradientTape() as tape:
             activations = embedding.dequeue()
             tape.watch(activations)
@@ -416,6 +450,28 @@ def _train_and_export(args, vocab, gen, train_rng, held_out, embedding):
         embedding.apply_gradients(act_grads)   # the engine applies Adagrad to the tables
         optimizer.apply_gradients(zip(dense_grads, model.trainable_variables))
         return loss
+
+    @tf.function(input_signature=signature + [tf.TensorSpec([batch], tf.float32)])
+    def train_step(dense, values, labels):
+        return train_on(dense, ragged_features(values, batch), labels)
+
+    if args.parquet:  # tensorflow-io -> tf.data -> ragged ids (any multi-hot count)
+        from tf_tpu_emb.data import parquet  # pylint: disable=import-outside-toplevel
+
+        ragged = {f: tf.RaggedTensorSpec([batch, None], tf.int64, 1, tf.int64)
+                  for f in FEATURES}
+        train_step = tf.function(train_on, input_signature=[
+            signature[0], ragged, tf.TensorSpec([batch], tf.float32)])
+        batches = iter(parquet.read_click_log(args.parquet, FEATURES, batch_size=batch,
+                                              num_dense=NUM_DENSE).repeat())
+
+        def next_batch():
+            dense, ids, _, labels = next(batches)
+            return dense, ids, labels
+    else:
+        def next_batch():
+            dense, ids, labels, _ = gen.batch(batch, train_rng)
+            return dense, ids, labels
 
     @tf.function(input_signature=signature)
     def predict_step(dense, values):
@@ -437,7 +493,7 @@ def _train_and_export(args, vocab, gen, train_rng, held_out, embedding):
     train_time, data_time, examples, rate = 0.0, 0.0, 0, 0.0
     for step in range(1, args.steps + 1):
         t0 = time.perf_counter()
-        dense, ids, labels, _ = gen.batch(batch, train_rng)
+        dense, ids, labels = next_batch()
         t1 = time.perf_counter()
         loss = float(train_step(dense, ids, labels))
         t2 = time.perf_counter()

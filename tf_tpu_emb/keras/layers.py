@@ -103,6 +103,7 @@ from tf_tpu_emb import layout as layout_lib
 from tf_tpu_emb import mid_level
 from tf_tpu_emb import ops as ops_lib
 from tf_tpu_emb import optimizers as optimizers_lib
+from tf_tpu_emb import signatures as signatures_lib
 from tf_tpu_emb.keras import config as config_lib
 from tf_tpu_emb.keras import inputs as inputs_lib
 from tf_tpu_emb.keras import mirrors as mirrors_lib
@@ -567,7 +568,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
         features = nest.map_structure(
             lambda x: tf.squeeze(x, -1) if isinstance(x, tf.Tensor) and x.shape.rank
             and x.shape.rank >= 2 and x.shape[-1] == 1 else x, features)
-        out = tf.tpu.experimental.embedding.serving_embedding_lookup(
+        out = signatures_lib.serving_embedding_lookup(
             features, weights, tables, st.feature_config)
         if self.compute_dtype != "float32":
             out = nest.map_structure(lambda a: tf.cast(a, self.compute_dtype), out)

@@ -142,7 +142,7 @@ class TPUEmbeddingV0Layer(keras.layers.Layer):
         if _serving_active():
             tables = {table: variable.value if isinstance(variable, keras.Variable) else variable
                       for table, variable in self._embedding.embedding_tables.items()}
-            return tf.tpu.experimental.embedding.serving_embedding_lookup(
+            return signatures_lib.serving_embedding_lookup(
                 features, weights, tables, self.feature_config)
         return self._embedding.embedding_lookup(features, weights)
 

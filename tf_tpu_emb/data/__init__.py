@@ -1,0 +1,2 @@
+"""Input pipelines that feed the enqueue (README "Reading Parquet with
+tensorflow-io")."""
