@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/cpu_dispatch.h"
 #include "core/bf16.h"
 
 namespace tf_tpu_emb {
@@ -38,8 +39,9 @@ inline float BagScale(Combiner c, const float* w, int64_t n) {
 // one bag of n ids; rows (float or Bf16 elements, widened exactly) are
 // prefetched a few ids ahead.
 template <bool kWeighted, typename T, typename Id, typename Transform>
-inline void ReduceBag(const T* base, int dim, const Id* ids, const float* w, int64_t n,
-                      Combiner combiner, float* out, Transform transform) {
+TF_TPU_EMB_INLINE_INTO_CLONES void ReduceBag(const T* base, int dim, const Id* ids, const float* w,
+                                             int64_t n, Combiner combiner, float* out,
+                                             Transform transform) {
   std::memset(out, 0, sizeof(float) * dim);
   float sum_w = 0, sum_w2 = 0;
   for (int64_t k = 0; k < n; ++k) {

@@ -19,4 +19,13 @@
 #define TF_TPU_EMB_CPU_DISPATCH
 #endif
 
+// A hot callee of a marked function: always inlined, so that each clone
+// compiles it for its own ISA (GCC's inliner may otherwise keep one
+// out-of-line baseline copy that every clone calls).
+#if defined(__GNUC__)
+#define TF_TPU_EMB_INLINE_INTO_CLONES inline __attribute__((always_inline))
+#else
+#define TF_TPU_EMB_INLINE_INTO_CLONES inline
+#endif
+
 #endif  // TF_TPU_EMB_CORE_CPU_DISPATCH_H_

@@ -22,8 +22,9 @@ inline float Quantize(const Table& t, float x) {
 
 // One bag of `table` whose rows are `base` (float or Bf16 storage).
 template <typename T>
-inline void ReduceTableBag(const Table& table, const T* base, const int64_t* ids, const float* w,
-                           int64_t n, Combiner c, float* dst) {
+TF_TPU_EMB_INLINE_INTO_CLONES void ReduceTableBag(const Table& table, const T* base,
+                                                  const int64_t* ids, const float* w, int64_t n,
+                                                  Combiner c, float* dst) {
   const int dim = table.dimension;
   if (table.quantize) {
     auto q = [&table](float x) { return Quantize(table, x); };
