@@ -1,0 +1,7 @@
+"""Several embedding hosts: tables sharded over tasks of TensorFlow's
+distributed runtime (see README "Running on several machines").
+
+`hosts` is the process/infrastructure layer (the cluster object, connection,
+health checks, error translation); `checkpoint` converts table layouts between
+whole tables and S host shards."""
+from tf_tpu_emb.cluster.hosts import EmbeddingHosts
