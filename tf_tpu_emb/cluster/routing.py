@@ -147,7 +147,9 @@ class Router:
         else:
             total = tf.sqrt(tf.math.unsorted_segment_sum(weights * weights, positions,
                                                          f.positions))
-        return tf.where(total != 0, 1.0 / tf.where(total != 0, total, 1.0), 0.0)
+        # div_no_nan: 0 for an empty bag, and an exact division (grappler turns a
+        # plain 1 / x into Reciprocal, whose CPU kernel is not correctly rounded).
+        return tf.math.divide_no_nan(tf.ones_like(total), total)
 
     @staticmethod
     def _positions(f, indices, n):
