@@ -12,8 +12,8 @@ contributions arrive there in the single-host order with the same weights
 (w * combiner scale, computed as core/bag.h computes it), so with sum and mean
 tables and slots are bit-identical.  sqrtn's sum of squared weights may be
 fused (FMA) by the engine's compiler and not by TF's kernel: rtol 1e-6 there.
-Activations are sums over a bag whose ids are split between hosts (and, for mean/sqrtn, scaled per id instead of once per bag):
-rtol 1e-5 (float32 reassociation of at most a few terms).
+Activations are sums over a bag whose ids are split between hosts (and, for
+mean/sqrtn, scaled per id instead of once per bag): rtol 1e-5 (float32 reassociation of at most a few terms).
 """
 import numpy as np
 import pytest
