@@ -157,6 +157,8 @@ class Router:
         ArbitraryTensorBatch rules of docs/tpu_embedding_semantics.md §4.1."""
         shape = f.shape
         rank = len(shape)
+        # The format is static (a known empty first dimension means dense);
+        # the number of entries and rows may be known only at run time.
         if indices.shape.rank == 2 and indices.shape[0] != 0:  # COO sample indices
             idx = tf.cast(indices, tf.int64)
             cols = min(int(indices.shape[1]), rank)
@@ -169,12 +171,15 @@ class Router:
             return pos, keep
         if indices.shape.rank == 1 and indices.shape[0] != 0:  # row splits
             splits = tf.cast(indices, tf.int64)
-            rows = int(indices.shape[0]) - 1
-            width = (shape[-1] if rank >= 2 and rows * shape[-1] == f.positions
-                     and rows != f.positions else 1)
             row = tf.ragged.row_splits_to_segment_ids(splits, out_type=tf.int64)
-            if width == 1:
+            if rank < 2:
                 return row, tf.ones_like(row, tf.bool)
+            # Rows of sequences (width = the last dimension) or one row a position.
+            rows = tf.size(splits, out_type=tf.int64) - 1
+            width = tf.where(tf.logical_and(tf.equal(rows * shape[-1], f.positions),
+                                            tf.not_equal(rows, f.positions)),
+                             tf.constant(shape[-1], tf.int64), tf.constant(1, tf.int64))
             inner = tf.range(n, dtype=tf.int64) - tf.gather(splits, row)
-            return row * width + inner, inner < width
+            return (tf.where(width > 1, row * width + inner, row),
+                    tf.logical_or(tf.equal(width, 1), inner < width))
         return tf.range(n, dtype=tf.int64), tf.ones([n], tf.bool)  # dense: one id a position
