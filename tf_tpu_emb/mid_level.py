@@ -35,8 +35,10 @@ a TPU it drives this library's CPU engine:
   configures, loads, routes, sums and sends across them.  ``workers=(index,
   count)``: this process is worker ``index`` of ``count`` client processes
   training the model; its replica r is the engine's replica
-  ``index * replicas + r``, worker 0 configures and loads.  Checkpoints stay
-  whole tables.
+  ``index * replicas + r``, worker 0 configures and loads (the others build
+  after it).  The dense part is the caller's: each worker computes it for its
+  replicas (keep it in sync with a multi-worker strategy, as for any
+  data-parallel model).  Checkpoints stay whole tables.
 
 This module is one concept, TF's ``TPUEmbedding`` surface, and at about 680
 lines it is over the ~600-line mark on purpose: the parts that are not the
