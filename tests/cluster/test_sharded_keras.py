@@ -10,6 +10,7 @@ summed in another order than one engine sums a bag).
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.python.eager import context
 import keras
 
 from cluster import LoopbackCluster
@@ -35,6 +36,9 @@ def hosts():
         cluster.hosts.connect()
         tf_tpu_emb.load_library()
         yield cluster.hosts
+    # This process was connected to the hosts: back to a local-only eager
+    # context, or later tests would wait on the stopped hosts.
+    context._reset_context()  # pylint: disable=protected-access
 
 
 def dataset():

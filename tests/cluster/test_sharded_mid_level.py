@@ -23,6 +23,7 @@ import threading
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.python.eager import context
 
 import engine_util as eu
 import harness
@@ -38,6 +39,9 @@ def hosts():
         cluster.hosts.connect()
         tf_tpu_emb.load_library()
         yield cluster.hosts
+    # This process was connected to the hosts: back to a local-only eager
+    # context, or later tests would wait on the stopped hosts.
+    context._reset_context()  # pylint: disable=protected-access
 
 
 def one_engine(initial, optimizer, per_replica, cots):
