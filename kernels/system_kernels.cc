@@ -55,20 +55,28 @@ void RegisterActivationsGradient() {
   }
 }
 
+// ConfigureTPUEmbedding (one host holding every table whole) and ours,
+// ConfigureTPUEmbeddingHostShard (one host of the config's num_hosts: the
+// engine holds that host's shard of every table), for the engine their
+// `engine` attr names.
 class ConfigureOp : public OpKernel {
  public:
   explicit ConfigureOp(OpKernelConstruction* ctx)
       : OpKernel(ctx), engine_(EngineName(ctx->def())) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("config", &config_));
+    if (::tensorflow::HasNodeAttr(ctx->def(), "host_id")) {
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("host_id", &host_id_));
+    }
   }
   void Compute(OpKernelContext* ctx) override {
     EnginePtr engine;
-    OP_REQUIRES_OK(ctx, Engine::Create(config_, &engine));
+    OP_REQUIRES_OK(ctx, Engine::Create(config_, &engine, host_id_));
     OP_REQUIRES_OK(ctx, Engine::Install(std::move(engine), engine_));
   }
 
  private:
   std::string config_;
+  int host_id_ = -1;  // -1: TF's whole-table configure
   const std::string engine_;
 };
 
@@ -99,6 +107,7 @@ class ShutdownOp : public OpKernel {
 bool RegisterKernels() {
   RegisterCpuKernel<TPUEmbeddingActivationsOp>("TPUEmbeddingActivations");
   RegisterCpuKernel<ConfigureOp>("ConfigureTPUEmbedding");
+  RegisterCpuKernel<ConfigureOp>("ConfigureTPUEmbeddingHostShard", /*core=*/false);
   RegisterCpuKernel<IsInitializedOp>("IsTPUEmbeddingInitialized");
   RegisterCpuKernel<ShutdownOp>("ShutdownTPUEmbedding", /*core=*/false);
   RegisterActivationsGradient();

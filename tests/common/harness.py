@@ -7,7 +7,8 @@ with it.  ``run_python`` starts such a child with the environment every test
 child needs -- TensorFlow's C++ logging quiet, the repository root and the
 shared test helpers (``tests/common``) importable -- under a timeout, and
 returns the finished ``subprocess.CompletedProcess`` (text output captured) for
-the test to assert on.  ``describe`` formats a child's exit status and output
+the test to assert on; ``start_python`` starts a long-lived child (a server).
+``describe`` formats a child's exit status and output
 for an assertion message.
 """
 import os
@@ -60,3 +61,13 @@ def describe(proc, stdout_tail=4000, stderr_tail=4000):
     """'exit N / stdout / stderr' of a finished child, for assertion messages."""
     return "exit %d\nstdout:\n%s\nstderr:\n%s" % (proc.returncode, proc.stdout[-stdout_tail:],
                                                  proc.stderr[-stderr_tail:])
+
+
+def start_python(args, *, unset=(), cwd=None, **extra_env):
+    """Starts ``python *args`` as a long-lived child (a server): stdout is a text
+    pipe, stderr merged into it, the same environment as `run_python` (plus
+    `extra_env`); returns the ``subprocess.Popen``.  The caller must end it
+    (``tests/common/cluster.py`` does: SIGTERM, then SIGKILL)."""
+    return subprocess.Popen([sys.executable] + list(args), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True,
+                            env=child_env(unset, **extra_env), cwd=cwd)

@@ -181,6 +181,9 @@ class TPUEmbeddingLayer(keras.layers.Layer):
       pipeline_execution_with_tensor_core: as for ``TPUEmbedding``.
       batch_size: the global batch size (per replica: divided by the number of
         replicas).  Optional when the first call has a static batch dimension.
+      cluster, sharding_strategy: as for ``TPUEmbedding``: the tables are
+        sharded over the embedding hosts of ``cluster`` (not serialised by
+        ``get_config``: a loaded model runs on one engine unless given one).
       **kwargs: ``keras.layers.Layer`` arguments (``name``, ``trainable``, ...).
 
     ``call(features, weights=None, training=None)`` returns the activations
@@ -191,8 +194,11 @@ class TPUEmbeddingLayer(keras.layers.Layer):
     _tf_tpu_emb_layer = True  # models containing it get the distributed-fit fix
 
     def __init__(self, feature_config, optimizer=None,
-                 pipeline_execution_with_tensor_core=False, batch_size=None, **kwargs):
+                 pipeline_execution_with_tensor_core=False, batch_size=None, *,
+                 cluster=None, sharding_strategy="DIV_DEFAULT", **kwargs):
         super().__init__(**kwargs)
+        self._cluster_options = {} if cluster is None else dict(
+            cluster=cluster, sharding_strategy=sharding_strategy)
         v0_layers.install_distributed_fit_fix()
         if isinstance(feature_config, dict) and config_lib.FORMAT_KEY in feature_config:
             feature_config, saved_optimizer = config_lib.deserialize_feature_config(
@@ -274,7 +280,8 @@ class TPUEmbeddingLayer(keras.layers.Layer):
 
     def _new_embedding(self):
         st = self._state
-        emb = mid_level.TPUEmbedding(st.feature_config, st.optimizer, self._pipeline)
+        emb = mid_level.TPUEmbedding(st.feature_config, st.optimizer, self._pipeline,
+                                     **self._cluster_options)
         emb._engine_name = st.engine_name  # pylint: disable=protected-access
         return emb
 
@@ -367,7 +374,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
                                                                          shapes))
             except Exception:
                 # Do not leave a half-built engine configured behind.
-                engine_registry.release(emb)
+                emb.shutdown()
                 st.embedding = None
                 raise
             st.acquired = True
@@ -388,10 +395,6 @@ class TPUEmbeddingLayer(keras.layers.Layer):
                 st.embedding.shutdown()
         st.acquired = False
 
-    def _engine_name(self):
-        """The layer's engine (configured while acquired)."""
-        return self._state.engine_name
-
     @staticmethod
     def _table_ops(table):
         """The typed Load/Retrieve handles of the table's optimizer."""
@@ -405,8 +408,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
         with tf.init_scope():
             for tid in (range(len(st.tables)) if table_ids is None else table_ids):
                 table = st.tables[tid]
-                self._table_ops(table).load(*[v.value for _, v in st.mirrors[tid]], num_shards=1, shard_id=0,
-                     table_name=table.name, engine=self._engine_name())
+                st.embedding._load_state(table, [v.value for _, v in st.mirrors[tid]])  # pylint: disable=protected-access
 
     def _maybe_sync_from_engine(self, force=False):
         """Engine -> mirrors, if a training step may have changed the tables."""
@@ -420,11 +422,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
             st.syncing = True
             try:
                 for tid, table in enumerate(st.tables):
-                    values = self._table_ops(table).retrieve(
-                        num_shards=1, shard_id=0, table_name=table.name,
-                        engine=self._engine_name())
-                    if isinstance(values, tf.Tensor):
-                        values = [values]
+                    values = st.embedding._retrieve_state(table)  # pylint: disable=protected-access
                     for (_, var), value in zip(st.mirrors[tid], values):
                         var.value.assign(value)
             finally:
@@ -500,7 +498,8 @@ class TPUEmbeddingLayer(keras.layers.Layer):
             outputs = nest.flatten(emb.dequeue())
         if train:
             hooked = gradients_lib.hook_step(st.dummies, st.layout, outputs,
-                                             self._learning_rates_fn())
+                                             self._learning_rates_fn(),
+                                             send_fn=emb._send_fn())  # pylint: disable=protected-access
             outputs = list(hooked.values())
         if actual is not None:
             outputs = [a[:actual] for a in outputs]

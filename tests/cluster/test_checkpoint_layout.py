@@ -1,0 +1,131 @@
+"""Table layout conversion across host counts (tf_tpu_emb.cluster.checkpoint),
+checked against the engine's own Load/Retrieve(num_shards=S, shard_id=k) (the
+rows TF's TPU layout gives shard k, docs/tpu_embedding_semantics.md) and
+against TF's TPUEmbeddingForServing full tables.  Exact (bit for bit)."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import engine_util as eu
+from tf_tpu_emb.cluster import checkpoint as ckpt
+
+CASES = [(vocab, optimizer) for vocab in (7, 12, 13) for optimizer in ("adagrad", "adam")]
+
+
+def _config(vocab, optimizer, mod, dim=3):
+    return eu.table_mode_config([eu.TableSpec("t", vocab, dim, optimizer, num_features=1)], 2,
+                                sharding=eu.MOD if mod else eu.DIV)
+
+
+@pytest.mark.parametrize("mod", [False, True], ids=["div", "mod"])
+@pytest.mark.parametrize("vocab,optimizer", CASES)
+def test_shards_are_the_engines_shards(lib, mod, vocab, optimizer):
+    """shard_rows(full, S, k) == Retrieve(num_shards=S, shard_id=k) of an engine
+    holding `full`; assemble(those shards) == full; loading shard_rows(...) of
+    another table shard by shard and retrieving it whole gives that table."""
+    del lib
+    config = _config(vocab, optimizer, mod)
+    desc = config.table_descriptor[0]
+    rng = np.random.default_rng(vocab)
+    with eu.engine(config):
+        full = eu.random_state(rng, desc)
+        eu.load_table(desc, full)
+        for S in (1, 2, 3, 4, 5):
+            got = [eu.retrieve_table(desc, num_shards=S, shard_id=k) for k in range(S)]
+            for k in range(S):
+                for i, state in enumerate(full):
+                    want_rows = eu.shard_rows(vocab, S, k, mod)  # the spec's reference
+                    np.testing.assert_array_equal(ckpt.shard_row_ids(vocab, S, k, mod), want_rows)
+                    np.testing.assert_array_equal(ckpt.shard_rows(state, S, k, mod), got[k][i])
+            for i, state in enumerate(full):
+                np.testing.assert_array_equal(ckpt.assemble([g[i] for g in got], mod), state)
+        other = eu.random_state(rng, desc)
+        for S in (2, 3, 4):
+            for k in range(S):
+                eu.load_table(desc, [ckpt.shard_rows(s, S, k, mod) for s in other],
+                              num_shards=S, shard_id=k)
+            for i, state in enumerate(eu.retrieve_table(desc)):
+                np.testing.assert_array_equal(state, other[i])
+
+
+@pytest.mark.parametrize("mod,new_mod", [(False, False), (True, True), (False, True),
+                                         (True, False)])
+@pytest.mark.parametrize("S,S2", [(2, 3), (3, 2), (4, 1), (1, 4), (2, 2)])
+def test_reshard_is_the_engines_shards_at_the_new_count(lib, mod, new_mod, S, S2):
+    """reshard(S shards, S') == what an engine with the new layout retrieves at S'."""
+    del lib
+    vocab = 13
+    rng = np.random.default_rng(S * 10 + S2)
+    full = rng.standard_normal((vocab, 3)).astype(np.float32)
+    old = [ckpt.shard_rows(full, S, k, mod) for k in range(S)]
+    new = ckpt.reshard(old, mod, S2, new_mod)
+    config = _config(vocab, "stochastic_gradient_descent", new_mod)
+    desc = config.table_descriptor[0]
+    with eu.engine(config):
+        eu.load_table(desc, [full])
+        for k in range(S2):
+            np.testing.assert_array_equal(new[k], eu.retrieve_table(desc, num_shards=S2,
+                                                                    shard_id=k)[0])
+
+
+@pytest.mark.parametrize("mod", [False, True], ids=["div", "mod"])
+def test_tf_tensors_and_variables_give_the_numpy_result(mod):
+    full = np.arange(11 * 2, dtype=np.float32).reshape(11, 2)
+    var = tf.Variable(full)
+    shards = [ckpt.shard_rows(var, 3, k, mod) for k in range(3)]
+    assert all(tf.is_tensor(s) for s in shards)
+    for k in range(3):
+        np.testing.assert_array_equal(shards[k].numpy(), ckpt.shard_rows(full, 3, k, mod))
+    out = ckpt.assemble(shards, mod)
+    assert tf.is_tensor(out)
+    np.testing.assert_array_equal(out.numpy(), full)
+    graph_fn = tf.function(lambda t: ckpt.assemble([ckpt.shard_rows(t, 4, k, mod)
+                                                    for k in range(4)], mod))
+    np.testing.assert_array_equal(graph_fn(tf.constant(full)).numpy(), full)
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda: ckpt.rows_in_shard(10, 0, 0), "number of shards for the embedding layer must be > 0"),
+    (lambda: ckpt.rows_in_shard(10, 2, 2), "shard_id must be >= 0 and < 2. Currently set to: 2"),
+    (lambda: ckpt.rows_in_shard(2, 3, 2), "shard ID: 2 is empty, vocabulary size: 2"),
+    (lambda: ckpt.shard_rows(np.zeros(5), 2, 0, False), "must be a \\[vocabulary_size"),
+    (lambda: ckpt.assemble([np.zeros((2, 3)), np.zeros((3, 3))], True),
+     "shard 0 of 2 has 2 rows; a table of 5 rows gives it 3"),
+    (lambda: ckpt.assemble([np.zeros((2, 3)), np.zeros((2, 4))], True), "one dimension"),
+    (lambda: ckpt.assemble([], True), "at least one shard"),
+])
+def test_bad_layouts_are_named(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+@pytest.mark.parametrize("mod", [False, True], ids=["div", "mod"])
+def test_tpu_embedding_for_serving_tables_round_trip_through_host_shards(lib, mod):
+    """TF's TPUEmbeddingForServing full tables, cut into S host shards, loaded
+    shard by shard into the engine (Load num_shards=S, shard_id=k) give the
+    same whole table back (Retrieve num_shards=1), and the shards the engine
+    retrieves assemble into the serving table bit for bit."""
+    del lib
+    from tensorflow.python.tpu import tpu_embedding_v2_utils as tpu_utils
+    from tensorflow.python.tpu.tpu_embedding_for_serving import TPUEmbeddingForServing
+
+    vocab, dim = 13, 4
+    initial = np.random.default_rng(5).standard_normal((vocab, dim)).astype(np.float32)
+    table = tpu_utils.TableConfig(vocabulary_size=vocab, dim=dim, name="t",
+                                  initializer=tf.constant_initializer(initial))
+    fc = tpu_utils.FeatureConfig(table=table, name="f")
+    serving = TPUEmbeddingForServing(fc, tpu_utils.SGD(learning_rate=0.1))
+    serving.build()
+    served = serving.embedding_tables[table].numpy()
+    np.testing.assert_array_equal(served, initial)
+    config = _config(vocab, "stochastic_gradient_descent", mod, dim)
+    desc = config.table_descriptor[0]
+    with eu.engine(config):
+        for S in (2, 3, 4):
+            eu.load_table(desc, [np.zeros((vocab, dim), np.float32)])
+            for k in range(S):
+                eu.load_table(desc, [ckpt.shard_rows(served, S, k, mod)],
+                              num_shards=S, shard_id=k)
+            np.testing.assert_array_equal(eu.retrieve_table(desc)[0], served)
+            shards = [eu.retrieve_table(desc, num_shards=S, shard_id=k)[0] for k in range(S)]
+            np.testing.assert_array_equal(ckpt.assemble(shards, mod), served)
