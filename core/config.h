@@ -445,11 +445,14 @@ inline std::string TableLabel(const TPUEmbeddingConfiguration& config, int t) {
 // Bytes of a table's state the engine allocates at configure: parameters
 // and one buffer per optimizer slot, vocabulary_size x dimension float32
 // each (README "Memory budget").
-inline absl::StatusOr<int64_t> TableStateBytes(const TPUEmbeddingConfiguration& config, int t) {
+// `rows`: the rows held (a host's shard); -1 = the whole vocabulary.
+inline absl::StatusOr<int64_t> TableStateBytes(const TPUEmbeddingConfiguration& config, int t,
+                                               int64_t rows = -1) {
   const auto& desc = config.table_descriptor(t);
   const OptimizerSpec* spec = FindOptimizer(desc.optimization_parameters().parameters_case());
   const int64_t buffers = 1 + (spec == nullptr ? 0 : spec->slots.size());
-  return BoundedProduct({desc.vocabulary_size(), desc.dimension(), int64_t{4}, buffers},
+  return BoundedProduct({rows < 0 ? desc.vocabulary_size() : rows, desc.dimension(),
+                         int64_t{4}, buffers},
                         INT64_MAX,
                         absl::StrCat(TableLabel(config, t),
                                      ": vocabulary_size x dimension x 4 bytes x (1 + slots)"));

@@ -70,6 +70,29 @@ std::string Engine::DebugString() const {
                       outputs_.size(), " outputs, ", num_replicas_, " replicas");
 }
 
+absl::Status Engine::ResolveShard(const std::string& op, int t, int num_shards,
+                                  int shard_id, LocalShard* shard) const {
+  const Table& table = tables_[t];
+  if (!host_sharded_) {
+    absl::StatusOr<int64_t> rows = NumIdsInShard(table.vocabulary_size, shard_id, num_shards);
+    if (!rows.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(op, ": table '", table.name, "': ", rows.status().message()));
+    }
+    *shard = {*rows, num_shards, shard_id};
+    return absl::OkStatus();
+  }
+  if (num_shards != num_hosts_ || shard_id != host_id_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": table '", table.name, "': this engine is host ", host_id_, " of ", num_hosts_,
+        " and holds only shard ", host_id_, " of ", num_hosts_,
+        " of every table; use num_shards=", num_hosts_, ", shard_id=", host_id_,
+        " (got num_shards=", num_shards, ", shard_id=", shard_id, ")"));
+  }
+  *shard = {table.vocabulary_size, 1, 0};
+  return absl::OkStatus();
+}
+
 int Engine::FindTable(const std::string& name) const {
   for (int t = 0; t < static_cast<int>(tables_.size()); ++t) {
     if (tables_[t].name == name) return t;
@@ -83,9 +106,10 @@ bool Engine::training_by_default() const {
 
 // ---------------------------------------------------------------- creation
 
-absl::Status Engine::Create(const std::string& config_bytes, EnginePtr* engine) {
+absl::Status Engine::Create(const std::string& config_bytes, EnginePtr* engine,
+                            int host_id) {
   EnginePtr e(new Engine());
-  TF_RETURN_IF_ERROR(e->Init(config_bytes));
+  TF_RETURN_IF_ERROR(e->Init(config_bytes, host_id));
   *engine = std::move(e);
   return absl::OkStatus();
 }
@@ -162,11 +186,13 @@ absl::Status MemoryBudget(int64_t* budget, std::string* source) {
 
 // ResourceExhausted, before anything is allocated, when the tables and
 // their optimizer slots need more bytes than the memory budget.
-absl::Status CheckMemoryBudget(const TPUEmbeddingConfiguration& config) {
+// `rows[t]`: the rows of table t this engine holds.
+absl::Status CheckMemoryBudget(const TPUEmbeddingConfiguration& config,
+                               const std::vector<int64_t>& rows) {
   std::vector<std::pair<int64_t, int>> bytes;  // (bytes, table)
   int64_t total = 0;
   for (int t = 0; t < config.table_descriptor_size(); ++t) {
-    absl::StatusOr<int64_t> b = TableStateBytes(config, t);
+    absl::StatusOr<int64_t> b = TableStateBytes(config, t, rows[t]);
     if (!b.ok()) return b.status();
     if (!CheckedAdd(total, *b, &total)) {
       return absl::InvalidArgumentError(
@@ -193,7 +219,7 @@ absl::Status CheckMemoryBudget(const TPUEmbeddingConfiguration& config) {
 
 }  // namespace
 
-absl::Status Engine::Init(const std::string& config_bytes) {
+absl::Status Engine::Init(const std::string& config_bytes, int host_id) {
   if (config_bytes.empty()) {
     return absl::InvalidArgumentError("TPU embedding config is empty.");
   }
@@ -213,6 +239,16 @@ absl::Status Engine::Init(const std::string& config_bytes) {
         " is not supported by tf_tpu_emb's CPU engine (use 1 core per replica)"));
   }
   num_replicas_ = std::max(1, config_.num_tensor_cores());
+  host_sharded_ = host_id >= 0;
+  if (host_sharded_) {
+    if (config_.num_hosts() < 1 || host_id >= config_.num_hosts()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ConfigureTPUEmbeddingHostShard: host_id ", host_id, " is not a host of the config's "
+          "num_hosts ", config_.num_hosts(), "; must be in [0, num_hosts)"));
+    }
+    num_hosts_ = config_.num_hosts();
+    host_id_ = host_id;
+  }
 
   std::set<int> tags;
   std::set<std::string> names;
@@ -243,7 +279,12 @@ absl::Status Engine::Init(const std::string& config_bytes) {
     CollectDynamicTags(p, *spec, &tags);
     Table& table = tables_[t];
     table.name = desc.name();
-    table.vocabulary_size = desc.vocabulary_size();
+    // The rows this host holds: its shard of the table (all of it on one host).
+    absl::StatusOr<int64_t> rows = NumIdsInShard(desc.vocabulary_size(), host_id_, num_hosts_);
+    if (!rows.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(label, ": ", rows.status().message()));
+    }
+    table.vocabulary_size = *rows;
     table.dimension = desc.dimension();
     table.params = p;
     table.optimizer = spec;
@@ -281,7 +322,9 @@ absl::Status Engine::Init(const std::string& config_bytes) {
     outputs_.push_back(std::move(out));
   }
 
-  TF_RETURN_IF_ERROR(CheckMemoryBudget(config_));
+  std::vector<int64_t> rows;
+  for (const Table& table : tables_) rows.push_back(table.vocabulary_size);
+  TF_RETURN_IF_ERROR(CheckMemoryBudget(config_, rows));
   for (Table& table : tables_) {
     const int64_t n = table.vocabulary_size * table.dimension;  // bounded by ValidateConfig
     auto params = std::make_unique<FloatBuffer>();

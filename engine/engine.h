@@ -49,7 +49,12 @@ using EnginePtr = ::tensorflow::core::RefCountPtr<Engine>;
 class Engine : public ::tensorflow::ResourceBase {
  public:
   // Validates and completes `config_bytes` and allocates every table.
-  static absl::Status Create(const std::string& config_bytes, EnginePtr* engine);
+  // `host_id` < 0: one host holding every table whole (TF's core
+  // ConfigureTPUEmbedding, whatever the config's num_hosts says); else host
+  // `host_id` of the config's num_hosts, holding only that shard of every
+  // table and slot (ConfigureTPUEmbeddingHostShard).
+  static absl::Status Create(const std::string& config_bytes, EnginePtr* engine,
+                             int host_id = -1);
 
   // The configured engine of this process (with a reference the caller
   // owns), or FailedPrecondition naming `op` when there is none.
@@ -75,6 +80,20 @@ class Engine : public ::tensorflow::ResourceBase {
   bool mod_sharding() const {
     return config_.sharding_strategy() == TPUEmbeddingConfiguration::MOD;
   }
+  // Host sharding: this engine holds shard host_id() of num_hosts() of every
+  // table (num_hosts() == 1, host_id() == 0 for an engine holding them whole).
+  int num_hosts() const { return num_hosts_; }
+  int host_id() const { return host_id_; }
+  // The part of table `t`'s local storage that Load/Retrieve(num_shards,
+  // shard_id) address: `rows` rows, in CopyShard's terms `local_shards` and
+  // `local_shard_id` of the local storage.  A host-sharded engine accepts
+  // only its own shard (num_hosts, host_id) and returns all its rows.
+  struct LocalShard {
+    int64_t rows = 0;
+    int local_shards = 1, local_shard_id = 0;
+  };
+  absl::Status ResolveShard(const std::string& op, int t, int num_shards, int shard_id,
+                            LocalShard* shard) const;
   // Index of the table called `name`, or -1.
   int FindTable(const std::string& name) const;
   bool training_by_default() const;
@@ -125,11 +144,13 @@ class Engine : public ::tensorflow::ResourceBase {
 
  private:
   Engine() = default;
-  absl::Status Init(const std::string& config_bytes);
+  absl::Status Init(const std::string& config_bytes, int host_id);
 
   TPUEmbeddingConfiguration config_;  // completed (feature descriptors filled)
   bool table_mode_ = false;  // the user's config had no feature descriptors
   int num_replicas_ = 1;
+  int num_hosts_ = 1, host_id_ = 0;
+  bool host_sharded_ = false;  // configured by ConfigureTPUEmbeddingHostShard
   std::vector<Table> tables_;
   std::vector<OutputSpec> outputs_;
   std::shared_mutex tables_mu_;

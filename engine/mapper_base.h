@@ -194,8 +194,8 @@ class MapperBase : public InputMapper {
     const Engine& e = w.e;
     return ParallelForStatus(w.pool, sources.size(), [&](int i) -> absl::Status {
       const FeatureSource& s = sources[i];
-      const int64_t vocab =
-          e.config().table_descriptor(e.outputs()[s.output].table).vocabulary_size();
+      // The rows this engine holds (a host's shard: routed local ids).
+      const int64_t vocab = e.table(e.outputs()[s.output].table).vocabulary_size;
       const IntView ids(*s.ids);
       const int64_t n = s.ids->NumElements();
       for (int64_t k = 0; k < n; ++k) {

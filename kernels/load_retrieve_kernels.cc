@@ -19,10 +19,12 @@ namespace tf_tpu_emb {
 namespace kernels {
 namespace {
 
+using Shard = Engine::LocalShard;
+
 // Resolves the table of a per-table op and the rows of its shard.
 struct TableShard {
   int table = -1;
-  int64_t rows = 0;
+  Shard shard;
 };
 
 class TableOpBase : public OpKernel {
@@ -59,14 +61,8 @@ class TableOpBase : public OpKernel {
           op_, ": table '", table.name, "' (id ", t, ") is configured with the ",
           table.optimizer->proto_field, " optimizer, not ", optimizer_->proto_field));
     }
-    absl::StatusOr<int64_t> rows = NumIdsInShard(table.vocabulary_size, shard_id_, num_shards_);
-    if (!rows.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(op_, ": table '", table.name, "': ",
-                                                     rows.status().message()));
-    }
     shard->table = t;
-    shard->rows = *rows;
-    return absl::OkStatus();
+    return e.ResolveShard(op_, t, num_shards_, shard_id_, &shard->shard);
   }
 
  public:
@@ -75,11 +71,12 @@ class TableOpBase : public OpKernel {
     OP_REQUIRES_OK(ctx, engine.Acquire(op_));
     TableShard shard;
     OP_REQUIRES_OK(ctx, Resolve(*engine, &shard));
-    Transfer(ctx, *engine, engine->table(shard.table), shard.rows);
+    Transfer(ctx, *engine, engine->table(shard.table), shard.shard);
   }
  protected:
   // Moves the shard's tensors into (Load) or out of (Retrieve) the table.
-  virtual void Transfer(OpKernelContext* ctx, Engine& engine, Table& table, int64_t rows) = 0;
+  virtual void Transfer(OpKernelContext* ctx, Engine& engine, Table& table,
+                        const Shard& shard) = 0;
 
   const std::string op_;
   int table_id_ = -1;
@@ -93,8 +90,9 @@ class LoadTableOp : public TableOpBase {
   using TableOpBase::TableOpBase;
 
  protected:
-  void Transfer(OpKernelContext* ctx, Engine& engine, Table& table, int64_t rows) override {
-    const TensorShape expected({rows, table.dimension});
+  void Transfer(OpKernelContext* ctx, Engine& engine, Table& table,
+                const Shard& shard) override {
+    const TensorShape expected({shard.rows, table.dimension});
     for (int i = 0; i < ctx->num_inputs(); ++i) {
       OP_REQUIRES(ctx, ctx->input(i).shape() == expected,
                   absl::InvalidArgumentError(absl::StrCat(
@@ -104,8 +102,8 @@ class LoadTableOp : public TableOpBase {
     }
     std::unique_lock<std::shared_mutex> lock(engine.tables_mutex());
     for (int i = 0; i < ctx->num_inputs(); ++i) {
-      CopyShard(table, engine.mod_sharding(), num_shards_, shard_id_, rows,
-                table.state[i]->data(),
+      CopyShard(table, engine.mod_sharding(), shard.local_shards, shard.local_shard_id,
+                shard.rows, table.state[i]->data(),
                 const_cast<float*>(ctx->input(i).flat<float>().data()), /*to_state=*/true);
     }
   }
@@ -116,13 +114,16 @@ class RetrieveTableOp : public TableOpBase {
   using TableOpBase::TableOpBase;
 
  protected:
-  void Transfer(OpKernelContext* ctx, Engine& engine, Table& table, int64_t rows) override {
+  void Transfer(OpKernelContext* ctx, Engine& engine, Table& table,
+                const Shard& shard) override {
     std::shared_lock<std::shared_mutex> lock(engine.tables_mutex());
     for (int i = 0; i < ctx->num_outputs(); ++i) {
       Tensor* out;
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({rows, table.dimension}), &out));
-      CopyShard(table, engine.mod_sharding(), num_shards_, shard_id_, rows,
-                table.state[i]->data(), out->flat<float>().data(), /*to_state=*/false);
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({shard.rows, table.dimension}),
+                                               &out));
+      CopyShard(table, engine.mod_sharding(), shard.local_shards, shard.local_shard_id,
+                shard.rows, table.state[i]->data(), out->flat<float>().data(),
+                /*to_state=*/false);
     }
   }
 };
@@ -140,18 +141,14 @@ class AllTablesOpBase : public OpKernel {
   }
 
  protected:
-  absl::Status Shards(Engine& e, std::vector<int64_t>* rows) const {
+  absl::Status Shards(Engine& e, std::vector<Shard>* shards) const {
     if (num_tables_ != e.num_tables()) {
       return absl::InvalidArgumentError(absl::StrCat(
           op_, ": NumTables is ", num_tables_, " but ", e.num_tables(), " tables are configured"));
     }
     for (int t = 0; t < e.num_tables(); ++t) {
-      absl::StatusOr<int64_t> r = NumIdsInShard(e.table(t).vocabulary_size, shard_id_, num_shards_);
-      if (!r.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat(op_, ": table '", e.table(t).name, "': ",
-                                                       r.status().message()));
-      }
-      rows->push_back(*r);
+      shards->emplace_back();
+      TF_RETURN_IF_ERROR(e.ResolveShard(op_, t, num_shards_, shard_id_, &shards->back()));
     }
     return absl::OkStatus();
   }
@@ -169,16 +166,16 @@ class AllTablesOpBase : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     EngineRef engine;
     OP_REQUIRES_OK(ctx, engine.Acquire(op_));
-    std::vector<int64_t> rows;
-    OP_REQUIRES_OK(ctx, Shards(*engine, &rows));
-    Transfer(ctx, *engine, rows);
+    std::vector<Shard> shards;
+    OP_REQUIRES_OK(ctx, Shards(*engine, &shards));
+    Transfer(ctx, *engine, shards);
   }
 
  protected:
   // Moves every table's state variables in (LoadAll) or out (RetrieveAll);
-  // rows[t] is the number of rows of table t in this shard.
+  // shards[t]: the rows of table t this op moves.
   virtual void Transfer(OpKernelContext* ctx, Engine& engine,
-                        const std::vector<int64_t>& rows) = 0;
+                        const std::vector<Shard>& shards) = 0;
 };
 
 class LoadAllOp : public AllTablesOpBase {
@@ -186,7 +183,7 @@ class LoadAllOp : public AllTablesOpBase {
   using AllTablesOpBase::AllTablesOpBase;
 
  protected:
-  void Transfer(OpKernelContext* ctx, Engine& e, const std::vector<int64_t>& rows) override {
+  void Transfer(OpKernelContext* ctx, Engine& e, const std::vector<Shard>& shards) override {
     Engine* engine = &e;
     std::vector<OpInputList> groups(kMaxStateVariables);
     for (int i = 0; i < kMaxStateVariables; ++i) {
@@ -194,7 +191,7 @@ class LoadAllOp : public AllTablesOpBase {
     }
     for (int t = 0; t < engine->num_tables(); ++t) {
       const Table& table = engine->table(t);
-      const TensorShape expected({rows[t], table.dimension});
+      const TensorShape expected({shards[t].rows, table.dimension});
       for (int i = 0; i < kMaxStateVariables; ++i) {
         const Tensor& in = groups[i][t];
         const bool used = i < static_cast<int>(table.state_names.size());
@@ -212,8 +209,8 @@ class LoadAllOp : public AllTablesOpBase {
       Table& table = engine->table(t);
       for (int i = 0; i < static_cast<int>(table.state_names.size()); ++i) {
         if (IsAccumulator(table, i)) continue;
-        CopyShard(table, engine->mod_sharding(), num_shards_, shard_id_, rows[t],
-                  table.state[i]->data(),
+        CopyShard(table, engine->mod_sharding(), shards[t].local_shards,
+                  shards[t].local_shard_id, shards[t].rows, table.state[i]->data(),
                   const_cast<float*>(groups[i][t].flat<float>().data()), true);
       }
     }
@@ -225,7 +222,7 @@ class RetrieveAllOp : public AllTablesOpBase {
   using AllTablesOpBase::AllTablesOpBase;
 
  protected:
-  void Transfer(OpKernelContext* ctx, Engine& e, const std::vector<int64_t>& rows) override {
+  void Transfer(OpKernelContext* ctx, Engine& e, const std::vector<Shard>& shards) override {
     Engine* engine = &e;
     std::shared_lock<std::shared_mutex> lock(engine->tables_mutex());
     for (int i = 0; i < kMaxStateVariables; ++i) {
@@ -235,14 +232,16 @@ class RetrieveAllOp : public AllTablesOpBase {
         Table& table = engine->table(t);
         const bool used = i < static_cast<int>(table.state_names.size());
         Tensor* out;
-        OP_REQUIRES_OK(ctx, group.allocate(t, used ? TensorShape({rows[t], table.dimension})
+        OP_REQUIRES_OK(ctx, group.allocate(t, used ? TensorShape({shards[t].rows,
+                                                                  table.dimension})
                                                    : TensorShape({0, 0}), &out));
         if (!used) continue;
         if (IsAccumulator(table, i)) {
           out->flat<float>().setConstant(GradientAccumulatorInitialValue());
         } else {
-          CopyShard(table, engine->mod_sharding(), num_shards_, shard_id_, rows[t],
-                    table.state[i]->data(), out->flat<float>().data(), false);
+          CopyShard(table, engine->mod_sharding(), shards[t].local_shards,
+                    shards[t].local_shard_id, shards[t].rows, table.state[i]->data(),
+                    out->flat<float>().data(), false);
         }
       }
     }

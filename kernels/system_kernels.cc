@@ -36,6 +36,25 @@ class ConfigureOp : public OpKernel {
   std::string config_;
 };
 
+// Ours: ConfigureTPUEmbedding for one host of the config's num_hosts (the
+// engine holds that host's shard of every table).
+class ConfigureHostOp : public OpKernel {
+ public:
+  explicit ConfigureHostOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("config", &config_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("host_id", &host_id_));
+  }
+  void Compute(OpKernelContext* ctx) override {
+    EnginePtr engine;
+    OP_REQUIRES_OK(ctx, Engine::Create(config_, &engine, host_id_));
+    OP_REQUIRES_OK(ctx, Engine::Install(std::move(engine)));
+  }
+
+ private:
+  std::string config_;
+  int host_id_ = 0;
+};
+
 class IsInitializedOp : public OpKernel {
  public:
   explicit IsInitializedOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
@@ -55,6 +74,7 @@ class ShutdownOp : public OpKernel {
 bool RegisterKernels() {
   RegisterCpuKernel<TPUEmbeddingActivationsOp>("TPUEmbeddingActivations");
   RegisterCpuKernel<ConfigureOp>("ConfigureTPUEmbedding");
+  RegisterCpuKernel<ConfigureHostOp>("ConfigureTPUEmbeddingHostShard", /*core=*/false);
   RegisterCpuKernel<IsInitializedOp>("IsTPUEmbeddingInitialized");
   RegisterCpuKernel<ShutdownOp>("ShutdownTPUEmbedding", /*core=*/false);
   return true;

@@ -154,6 +154,17 @@ TTE_OP("ConfigureTPUEmbedding")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::NoOutputs);
 
+// Ours: ConfigureTPUEmbedding for host `host_id` of the config's num_hosts
+// (TF's core op configures one host holding every table whole).  The engine
+// holds only shard host_id of num_hosts of every table and slot, in the
+// config's sharding_strategy (docs/tpu_embedding_semantics.md §2.7): the rows
+// Load/Retrieve(num_shards=num_hosts, shard_id=host_id) address.
+TTE_OP("ConfigureTPUEmbeddingHostShard")
+    .Attr("config: string")
+    .Attr("host_id: int >= 0")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs);
+
 TTE_OP("IsTPUEmbeddingInitialized")
     .Output("is_tpu_embedding_initialized: bool")
     .Attr("config: string = ''")

@@ -303,8 +303,9 @@ def _device_of(tensor):
 class _StepCollector:
     """Gradients of one step's lookups, turned into one Send by F's gradient."""
 
-    def __init__(self, layout, activations, learning_rate_fn, recv_outputs):
+    def __init__(self, layout, activations, learning_rate_fn, recv_outputs, send_fn=None):
         self.layout = layout
+        self.send_fn = send_fn
         self.activations = activations
         # Graph-mode custom gradients stay in TF's global gradient registry
         # for the life of the process, and with them this collector: it must
@@ -354,13 +355,15 @@ class _StepCollector:
                     _send.warn_missing_gradient(f.name, stacklevel=3)
                     g = tf.zeros_like(activation, dtype=tf.float32)
                 gradients.append(_send.as_gradient(f, g))
+            if self.send_fn is not None:
+                return self.send_fn(gradients, rates, control_inputs=self.recv_outputs)
             # The Send must run on the Recv's device (that picks the replica),
             # whatever device scope the gradient is computed under.
             return _send.build_send(self.layout, gradients, rates, device=self.device,
                                     control_inputs=self.recv_outputs)
         finally:
             # The step is over for this collector: drop what the user handed in.
-            self.learning_rate_fn = None
+            self.learning_rate_fn = self.send_fn = None
             self.activations = self.recv_outputs = ()
             self.gradients = dict.fromkeys(self.gradients)  # keys still catch duplicates
 
@@ -405,7 +408,7 @@ def _sinks_for(variables):
     return sinks
 
 
-def hook_step(dummy_vars, layout, recv_outputs, learning_rate_fn=None):
+def hook_step(dummy_vars, layout, recv_outputs, learning_rate_fn=None, send_fn=None):
     """TF2: this step's activations, wired so that their gradients reach ONE Send.
 
     ``dummy_vars``: one trainable variable per table (:func:`create_dummy_variables`,
@@ -415,7 +418,9 @@ def hook_step(dummy_vars, layout, recv_outputs, learning_rate_fn=None):
     gradient is built: once per step in eager mode, once per trace in
     ``tf.function``, so make it read a variable there).  The Send is placed on
     the device of ``recv_outputs`` (the replica that received the batch),
-    whatever device scope the gradient is computed under.
+    whatever device scope the gradient is computed under; ``send_fn(gradients,
+    rates, control_inputs=...)``, if given, builds the step's Send(s) instead
+    (a model sharded over several hosts sends to each of them).
 
     Returns an ``OrderedDict`` feature name -> activation (as
     :func:`slice_activations`) to feed the model.  Differentiating a loss that
@@ -449,7 +454,7 @@ def hook_step(dummy_vars, layout, recv_outputs, learning_rate_fn=None):
     recv_outputs = list(recv_outputs)
     activations = slice_activations(layout, recv_outputs)
     collector = _StepCollector(layout, list(activations.values()), learning_rate_fn,
-                               recv_outputs)
+                               recv_outputs, send_fn)
     # Read the variables outside F: a custom_gradient function that reads
     # variables itself must return variable gradients separately.
     values = [tf.convert_to_tensor(v) if sink is None

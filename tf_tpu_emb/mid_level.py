@@ -29,6 +29,16 @@ a TPU it drives this library's CPU engine:
   before a save and loads them into the engine after a restore.  Checkpoints
   therefore move between this class, TF's ``TPUEmbedding`` and
   ``TPUEmbeddingForServing``.
+* **Several hosts** (``cluster=``, a ``tf_tpu_emb.cluster.EmbeddingHosts``):
+  every table is sharded over the cluster's embedding hosts
+  (``sharding_strategy`` DIV_DEFAULT or MOD); ``tf_tpu_emb.cluster.sharded``
+  configures, loads, routes, sums and sends across them.  ``workers=(index,
+  count)``: this process is worker ``index`` of ``count`` client processes
+  training the model; its replica r is the engine's replica
+  ``index * replicas + r``, worker 0 configures and loads (the others build
+  after it).  The dense part is the caller's: each worker computes it for its
+  replicas (keep it in sync with a multi-worker strategy, as for any
+  data-parallel model).  Checkpoints stay whole tables.
 
 This module is one concept, TF's ``TPUEmbedding`` surface, and at about 680
 lines it is over the ~600-line mark on purpose: the parts that are not the
@@ -123,7 +133,7 @@ class TPUEmbedding(autotrackable.AutoTrackable):
     """
 
     def __new__(cls, feature_config=None, optimizer=None,
-                pipeline_execution_with_tensor_core=False):
+                pipeline_execution_with_tensor_core=False, **cluster_options):
         if _under_tpu_strategy():
             # A real TPU: TF's own implementation drives the hardware.
             return tf.tpu.experimental.embedding.TPUEmbedding(
@@ -131,7 +141,17 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         return super().__new__(cls)
 
     def __init__(self, feature_config, optimizer,
-                 pipeline_execution_with_tensor_core=False):
+                 pipeline_execution_with_tensor_core=False, *, cluster=None,
+                 sharding_strategy="DIV_DEFAULT", workers=(0, 1)):
+        self._cluster = cluster
+        self._sharding = config_pb2.TPUEmbeddingConfiguration.ShardingStrategy.Value(
+            sharding_strategy)
+        self._worker, self._num_workers = (int(w) for w in workers)
+        if not 0 <= self._worker < self._num_workers or (
+                cluster is None and (self._worker, self._num_workers) != (0, 1)):
+            raise ValueError("workers={!r}: must be (index, count) with 0 <= index < count, "
+                             "and only with cluster=".format(workers))
+        self._sharded = None
         self._feature_config = feature_config
         self._pipeline = bool(pipeline_execution_with_tensor_core)
         self._flat_features = nest.flatten(feature_config)
@@ -173,6 +193,7 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         self._combiners = [t.combiner for t in self._table_config]
         self._strategy = tf.distribute.get_strategy()
         self._num_replicas = self._strategy.num_replicas_in_sync
+        self._engine_replicas = self._num_replicas * self._num_workers
         self._built = False
         self._config = None
         self._layout = None
@@ -259,15 +280,14 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                     "fully defined. Please specify the fully defined shape in either "
                     "FeatureConfig or for the build method.")
         with tf.init_scope():
-            if ops.is_tpu_embedding_initialized().numpy():
+            if self._cluster is None and ops.is_tpu_embedding_initialized().numpy():
                 raise RuntimeError(
                     "TPU is already initialized for embeddings: this process's "
                     "tf_tpu_emb engine is configured. Only one TPUEmbedding can be built "
                     "at a time; call tf_tpu_emb.ops.shutdown_tpu_embedding() to drop "
                     "the previous one.")
             self._config = self._create_config_proto().SerializeToString()
-            ops.configure_tpu_embedding(self._config)
-            engine_registry.claim(self)
+            self._configure()
             try:
                 self._layout = layout_lib.Layout.for_features(
                     self._config, [t.name for t in self._table_config],
@@ -283,8 +303,31 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                 # Leave nothing configured behind: a fresh object (or this one,
                 # retried) must be able to build.
                 self._built = False
-                engine_registry.release(self)
+                self._release()
                 raise
+
+    def _configure(self):
+        """Configures this process's engine, or (``cluster=``) every host's."""
+        if self._cluster is None:
+            ops.configure_tpu_embedding(self._config)
+            engine_registry.claim(self)
+            return
+        from tf_tpu_emb.cluster import sharded  # pylint: disable=import-outside-toplevel
+        self._sharded = sharded.ShardedEngine(self._cluster, self._config, [
+            sharded.routing.FeatureRoute(path, shape.as_list(), f.table.vocabulary_size,
+                                         f.table.combiner)
+            for path, f, shape in zip(self._paths, self._flat_features, self._output_shapes)])
+        if self._worker == 0:
+            self._sharded.configure()
+        else:
+            self._sharded.attach()
+
+    def _release(self):
+        if self._sharded is not None:
+            if self._worker == 0:
+                self._sharded.shutdown()
+        else:
+            engine_registry.release(self)
 
     def _output_shapes_from_input_shapes(self, input_shapes):
         out = []
@@ -332,9 +375,9 @@ class TPUEmbedding(autotrackable.AutoTrackable):
             if feature.name:
                 descriptor.name = feature.name
         config.mode = config_pb2.TPUEmbeddingConfiguration.TRAINING
-        config.num_hosts = 1
-        config.num_tensor_cores = self._num_replicas
-        config.sharding_strategy = config_pb2.TPUEmbeddingConfiguration.DIV_DEFAULT
+        config.num_hosts = 1 if self._cluster is None else self._cluster.num_hosts
+        config.num_tensor_cores = self._engine_replicas
+        config.sharding_strategy = self._sharding
         config.pipeline_execution_with_tensor_core = self._pipeline
         return config
 
@@ -405,23 +448,35 @@ class TPUEmbedding(autotrackable.AutoTrackable):
     def _load_table(self, table):
         """One table's host variables -> engine (no-op unless this object is
         built and owns the engine)."""
-        if not self._built or not engine_registry.is_owner(self):
+        if not self._built or not (engine_registry.is_owner(self) or
+                                   self._sharded is not None and self._sharded.configured):
             return
         with tf.init_scope():
-            handles = self._table_ops(table)
-            handles.load(*[self._variables[table.name][n] for n in handles.tensors],
-                         num_shards=1, shard_id=0, table_name=table.name)
+            self._load_state(table, [self._variables[table.name][n]
+                                     for n in self._table_ops(table).tensors])
 
     def _retrieve_variables(self):
         """Engine -> host variables."""
         with tf.init_scope():
             for table in self._table_config:
-                handles = self._table_ops(table)
-                values = handles.retrieve(num_shards=1, shard_id=0, table_name=table.name)
-                if isinstance(values, tf.Tensor):
-                    values = [values]
-                for n, value in zip(handles.tensors, values):
+                for n, value in zip(self._table_ops(table).tensors, self._retrieve_state(table)):
                     self._variables[table.name][n].assign(value)
+
+    def _load_state(self, table, values):
+        """A whole table's state tensors (``_table_ops(table).tensors`` order)
+        -> the engine, or (``cluster=``) every host's shard of it."""
+        handles = self._table_ops(table)
+        if self._sharded is not None:
+            return self._sharded.load(handles, table.name, values)
+        return handles.load(*values, num_shards=1, shard_id=0, table_name=table.name)
+
+    def _retrieve_state(self, table):
+        """A whole table's state tensors from the engine (or the hosts)."""
+        handles = self._table_ops(table)
+        if self._sharded is not None:
+            return self._sharded.retrieve(handles, table.name)
+        values = handles.retrieve(num_shards=1, shard_id=0, table_name=table.name)
+        return [values] if isinstance(values, tf.Tensor) else list(values)
 
     # ---------------------------------------------------------------- enqueue
 
@@ -594,6 +649,9 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         else:
             mode = tf.where(tf.convert_to_tensor(training), "train", "inference")
         combiners = self._combiners
+        if self._sharded is not None:
+            return self._sharded.enqueue(indices, values, weights, mode,
+                                         self._engine_replica(device_ordinal), name=name)
         if dynamic:
             return ops.dynamic_enqueue_tpu_embedding_arbitrary_tensor_batch(
                 indices, values, weights, device_ordinal, combiners=combiners,
@@ -614,8 +672,12 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         """This replica's activations for the oldest enqueued step, in the
         feature config's structure (each ``output_shape + [dim]``)."""
         self._require_built("dequeue")
-        outputs = ops.recv_tpu_embedding_activations(
-            num_outputs=len(self._flat_features), config=self._config, name=name)
+        if self._sharded is not None:
+            outputs = self._sharded.recv(len(self._flat_features),
+                                         self._engine_replica(self._replica_id()), name=name)
+        else:
+            outputs = ops.recv_tpu_embedding_activations(
+                num_outputs=len(self._flat_features), config=self._config, name=name)
         return nest.pack_sequence_as(self._feature_config, outputs)
 
     def apply_gradients(self, gradients, name=None):
@@ -644,14 +706,43 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                                  .format(gradient.shape, path, full_shape))
             updated.append(gradient)
         rates = [fn() for fn in self._dynamic_inputs]
+        if self._sharded is not None:
+            return self._sharded.send(self._layout, updated, rates,
+                                      self._engine_replica(self._replica_id()), name=name)
         return send_lib.build_send(self._layout, updated, rates, name=name)
+
+    def _send_fn(self):
+        """For ``gradients.hook_step``: None (one local engine: the Send on the
+        Recv's device), or (``cluster=``) a builder of this replica's Sends to
+        every host."""
+        if self._sharded is None:
+            return None
+        replica = self._engine_replica(self._replica_id())
+        return lambda gradients, rates, control_inputs=None: self._sharded.send(
+            self._layout, gradients, rates, replica, control_inputs=control_inputs)
+
+    @staticmethod
+    def _replica_id():
+        """This replica's id in its strategy (0 outside ``strategy.run``)."""
+        if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
+            return 0
+        return tf.distribute.get_replica_context().replica_id_in_sync_group
+
+    def _engine_replica(self, local_replica):
+        """The engine replica (a Python int: it picks the host's device) of this
+        worker's replica ``local_replica``."""
+        local = tf.get_static_value(local_replica)
+        if local is None:
+            raise ValueError("with cluster=, the replica must be known when the step is "
+                             "traced (strategy.run of a MirroredStrategy)")
+        return self._worker * self._num_replicas + int(local)
 
     def shutdown(self):
         """Releases the engine this object configured (its tables are lost:
         save a checkpoint first) so that another TPUEmbedding can be built.
         Also done when the object is garbage-collected."""
         if self._built:
-            engine_registry.release(self)
+            self._release()
         self._built = False
 
     def __del__(self):

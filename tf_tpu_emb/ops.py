@@ -46,7 +46,8 @@ CORE_OP_NAMES = (
 
 #: Ops that exist only in this library: the engine shutdown, and per-table
 #: Load/Retrieve ops for optimizers TF moves only with the *All* ops.
-EXTRA_OP_NAMES = ("ShutdownTPUEmbedding", "EmbeddingBag", "EmbeddingBagGrad") + tuple(
+EXTRA_OP_NAMES = ("ShutdownTPUEmbedding", "ConfigureTPUEmbeddingHostShard", "EmbeddingBag",
+                  "EmbeddingBagGrad") + tuple(
     n for o, n in zip(OPTIMIZERS * 2, _table_op_names("Load") + _table_op_names("Retrieve"))
     if not o.core_has_table_ops)
 
@@ -197,6 +198,13 @@ def configure_tpu_embedding(config, name=None):
 def is_tpu_embedding_initialized(config="", name=None):
     """True when an embedding engine is configured in this process."""
     return _gen("IsTPUEmbeddingInitialized")(config=config, name=name)
+
+
+def configure_tpu_embedding_host_shard(config, host_id, name=None):
+    """ConfigureTPUEmbedding for host ``host_id`` of the config's ``num_hosts``:
+    the engine holds only that host's shard of every table and slot (the rows
+    Load/Retrieve with ``num_shards=num_hosts, shard_id=host_id`` address)."""
+    return _gen("ConfigureTPUEmbeddingHostShard")(config=config, host_id=host_id, name=name)
 
 
 def shutdown_tpu_embedding(name=None):

@@ -93,12 +93,18 @@ def assert_tf_message(message, patterns=None):
     assert any(p.fullmatch(message) for p in patterns), message
 
 
-def assert_same_signature(ours, theirs):
-    """Same parameter names, order and defaults as TF's method."""
+def assert_same_signature(ours, theirs, extra=()):
+    """Same parameter names, order, kinds and defaults as TF's method; ours may
+    add the keyword-only parameters `extra` after them (TPUEmbedding's
+    ``cluster=`` and its companions), so every call TF accepts means the same."""
     ours, theirs = inspect.signature(ours), inspect.signature(theirs)
-    assert list(ours.parameters) == list(theirs.parameters)
-    assert [p.default for p in ours.parameters.values()] == \
-        [p.default for p in theirs.parameters.values()]
+    added = list(ours.parameters)[len(theirs.parameters):]
+    assert added == list(extra)
+    assert all(ours.parameters[n].kind is inspect.Parameter.KEYWORD_ONLY for n in added)
+    ours = [ours.parameters[n] for n in list(ours.parameters)[:len(theirs.parameters)]]
+    assert [p.name for p in ours] == list(theirs.parameters)
+    assert [p.default for p in ours] == [p.default for p in theirs.parameters.values()]
+    assert [p.kind for p in ours] == [p.kind for p in theirs.parameters.values()]
 
 
 # ================================================================ __init__
@@ -134,7 +140,8 @@ class TestInit:
         assert ours_cfg[0].table.optimizer is opt
 
     def test_positional_and_keyword_forms(self):
-        assert_same_signature(tf_tpu_emb.TPUEmbedding.__init__, E.TPUEmbedding.__init__)
+        assert_same_signature(tf_tpu_emb.TPUEmbedding.__init__, E.TPUEmbedding.__init__,
+                              extra=("cluster", "sharding_strategy", "workers"))
         emb = tf_tpu_emb.TPUEmbedding(tuple_config(), E.SGD(0.1), True)
         emb.build(2)
         from tensorflow.core.protobuf.tpu import tpu_embedding_configuration_pb2 as pb

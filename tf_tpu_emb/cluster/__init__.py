@@ -3,5 +3,7 @@ distributed runtime (see README "Running on several machines").
 
 `hosts` is the process/infrastructure layer (the cluster object, connection,
 health checks, error translation); `checkpoint` converts table layouts between
-whole tables and S host shards."""
+whole tables and S host shards; `routing` splits a replica's batch per host
+and `sharded` is the cross-host data path of one model."""
 from tf_tpu_emb.cluster.hosts import EmbeddingHosts
+from tf_tpu_emb.cluster.routing import FeatureRoute, Router  # noqa: F401

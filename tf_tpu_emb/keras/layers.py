@@ -176,6 +176,9 @@ class TPUEmbeddingLayer(keras.layers.Layer):
       pipeline_execution_with_tensor_core: as for ``TPUEmbedding``.
       batch_size: the global batch size (per replica: divided by the number of
         replicas).  Optional when the first call has a static batch dimension.
+      cluster, sharding_strategy: as for ``TPUEmbedding``: the tables are
+        sharded over the embedding hosts of ``cluster`` (not serialised by
+        ``get_config``: a loaded model runs on one engine unless given one).
       **kwargs: ``keras.layers.Layer`` arguments (``name``, ``trainable``, ...).
 
     ``call(features, weights=None, training=None)`` returns the activations
@@ -186,8 +189,11 @@ class TPUEmbeddingLayer(keras.layers.Layer):
     _tf_tpu_emb_layer = True  # models containing it get the distributed-fit fix
 
     def __init__(self, feature_config, optimizer=None,
-                 pipeline_execution_with_tensor_core=False, batch_size=None, **kwargs):
+                 pipeline_execution_with_tensor_core=False, batch_size=None, *,
+                 cluster=None, sharding_strategy="DIV_DEFAULT", **kwargs):
         super().__init__(**kwargs)
+        self._cluster_options = {} if cluster is None else dict(
+            cluster=cluster, sharding_strategy=sharding_strategy)
         v0_layers.install_distributed_fit_fix()
         if isinstance(feature_config, dict) and config_lib.FORMAT_KEY in feature_config:
             feature_config, saved_optimizer = config_lib.deserialize_feature_config(
@@ -269,7 +275,8 @@ class TPUEmbeddingLayer(keras.layers.Layer):
 
     def _new_embedding(self):
         st = self._state
-        return mid_level.TPUEmbedding(st.feature_config, st.optimizer, self._pipeline)
+        return mid_level.TPUEmbedding(st.feature_config, st.optimizer, self._pipeline,
+                                      **self._cluster_options)
 
     def build(self, input_shape=None):
         st = self._state
@@ -350,7 +357,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
                                  % (x,))
             shapes.append(tf.TensorShape([batch] + shape[1:]))
         with tf.init_scope():
-            if ops_lib.is_tpu_embedding_initialized().numpy():
+            if not self._cluster_options and ops_lib.is_tpu_embedding_initialized().numpy():
                 owner = engine_owner()
                 raise RuntimeError(
                     "The tf_tpu_emb engine of this process is in use%s. Only one "
@@ -368,7 +375,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
                                                                          shapes))
             except Exception:
                 # Do not leave a half-built engine configured behind.
-                engine_registry.release(emb)
+                emb.shutdown()
                 st.embedding = None
                 raise
             st.acquired = True
@@ -402,8 +409,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
         with tf.init_scope():
             for tid in (range(len(st.tables)) if table_ids is None else table_ids):
                 table = st.tables[tid]
-                self._table_ops(table).load(*[v.value for _, v in st.mirrors[tid]], num_shards=1, shard_id=0,
-                     table_name=table.name)
+                st.embedding._load_state(table, [v.value for _, v in st.mirrors[tid]])  # pylint: disable=protected-access
 
     def _maybe_sync_from_engine(self, force=False):
         """Engine -> mirrors, if a training step may have changed the tables."""
@@ -417,10 +423,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
             st.syncing = True
             try:
                 for tid, table in enumerate(st.tables):
-                    values = self._table_ops(table).retrieve(
-                        num_shards=1, shard_id=0, table_name=table.name)
-                    if isinstance(values, tf.Tensor):
-                        values = [values]
+                    values = st.embedding._retrieve_state(table)  # pylint: disable=protected-access
                     for (_, var), value in zip(st.mirrors[tid], values):
                         var.value.assign(value)
             finally:
@@ -496,7 +499,8 @@ class TPUEmbeddingLayer(keras.layers.Layer):
             outputs = nest.flatten(emb.dequeue())
         if train:
             hooked = gradients_lib.hook_step(st.dummies, st.layout, outputs,
-                                             self._learning_rates_fn())
+                                             self._learning_rates_fn(),
+                                             send_fn=emb._send_fn())  # pylint: disable=protected-access
             outputs = list(hooked.values())
         if actual is not None:
             outputs = [a[:actual] for a in outputs]
