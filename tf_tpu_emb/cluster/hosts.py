@@ -68,9 +68,14 @@ class EmbeddingHosts:
       job: the embedding hosts' job name.
       replicas_per_host: CPU devices (replicas) each host exposes
         (``--replicas`` of the server); None means 1.
+      client_address: ``HOST:PORT`` at which the hosts reach this process
+        (TF's job ``localhost``; the hosts fetch a step's inputs from it).
+        None: ``localhost:<a free port>``, right when every task runs on this
+        machine; on several machines give this machine's name and a free port.
     """
 
-    def __init__(self, cluster_spec, job="embedding", replicas_per_host=None):
+    def __init__(self, cluster_spec, job="embedding", replicas_per_host=None,
+                 client_address=None):
         if not isinstance(cluster_spec, tf.train.ClusterSpec):
             cluster_spec = tf.train.ClusterSpec(cluster_spec)
         if job not in cluster_spec.jobs:
@@ -87,7 +92,7 @@ class EmbeddingHosts:
         self.replicas_per_host = replicas
         self.addresses = [cluster_spec.task_address(job, k) for k in indices]
         self._connected_spec = None
-        self._client_address = None
+        self._client_address = client_address
 
     @property
     def num_hosts(self):
