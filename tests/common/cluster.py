@@ -155,6 +155,14 @@ class LoopbackCluster:
         for h in self._hosts:
             if h is not None:
                 h.stop()
+        if self.hosts.connected:
+            # This process was connected to the hosts (remote eager): its
+            # context still lists their devices, and TF functions that look at
+            # every device (checkpoint saving) would wait on the dead tasks.
+            # Later tests in this session get a fresh, local-only context.
+            from tensorflow.python.eager import context
+            context._reset_context()  # pylint: disable=protected-access
+            self.hosts.forget_connection()
 
     def __exit__(self, *exc):
         self.close()

@@ -8,10 +8,23 @@ process becomes job ``localhost``), checks that every host is reachable and
 has tf_tpu_emb's kernels, and turns a remote error into one that names the
 host and its task address.
 
-Timeouts: a reachability check waits at most ``timeout_s`` seconds per host
-(argument, else ``TF_TPU_EMB_HOST_TIMEOUT_SECONDS``, else 10 s) before raising
-``tf.errors.UnavailableError`` naming the host.
+Failures and timeouts (what bounds what on TF 2.21, measured on loopback
+clusters): a host that is down or dies closes its connections, and TF's
+runtime fails the next op sent there at once with ``UnavailableError``;
+`translate` names the host.  A host that hangs (stopped process, a machine
+that vanished without closing its sockets) is bounded by nothing of TF's:
+a remote op then waits forever -- ``operation_timeout_in_ms`` and gRPC
+keepalive channel options (``TF_GRPC_DEFAULT_OPTIONS``) do not end it.  So:
+
+* `wait_reachable` / `connect` / `check` wait at most ``timeout_s`` for every
+  host, then raise ``UnavailableError`` naming the first one missing;
+* `run` runs a step (any callable) under a deadline and raises
+  ``DeadlineExceededError`` naming the hosts that did not answer a probe op.
+
+``timeout_s`` is the argument, else ``TF_TPU_EMB_HOST_TIMEOUT_SECONDS``, else
+60 s.
 """
+import threading
 import os
 import re
 import socket
@@ -19,8 +32,9 @@ import time
 
 import tensorflow as tf
 
+CLIENT_JOB = "localhost"  # the job TF gives the connecting process
 TIMEOUT_ENV = "TF_TPU_EMB_HOST_TIMEOUT_SECONDS"
-DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_TIMEOUT_S = 60.0
 START_HINT = "start it with `python -m tf_tpu_emb.server`"
 # A remote task without our kernels answers NotFound / InvalidArgument with
 # one of these (TF's placer and op registry wording).
@@ -54,9 +68,14 @@ class EmbeddingHosts:
       job: the embedding hosts' job name.
       replicas_per_host: CPU devices (replicas) each host exposes
         (``--replicas`` of the server); None means 1.
+      client_address: ``HOST:PORT`` at which the hosts reach this process
+        (TF's job ``localhost``; the hosts fetch a step's inputs from it).
+        None: ``localhost:<a free port>``, right when every task runs on this
+        machine; on several machines give this machine's name and a free port.
     """
 
-    def __init__(self, cluster_spec, job="embedding", replicas_per_host=None):
+    def __init__(self, cluster_spec, job="embedding", replicas_per_host=None,
+                 client_address=None):
         if not isinstance(cluster_spec, tf.train.ClusterSpec):
             cluster_spec = tf.train.ClusterSpec(cluster_spec)
         if job not in cluster_spec.jobs:
@@ -73,6 +92,7 @@ class EmbeddingHosts:
         self.replicas_per_host = replicas
         self.addresses = [cluster_spec.task_address(job, k) for k in indices]
         self._connected_spec = None
+        self._client_address = client_address
 
     @property
     def num_hosts(self):
@@ -157,32 +177,157 @@ class EmbeddingHosts:
         import tf_tpu_emb
 
         tf_tpu_emb.load_library()  # op definitions (and local kernels) on the client
+        if self._client_address is None:
+            # This process's own task.  Named here (not picked anew by TF on
+            # every connect) so that a reconnect keeps the address the hosts
+            # already know this process by.
+            with socket.socket() as sock:
+                sock.bind(("localhost", 0))
+                self._client_address = "localhost:%d" % sock.getsockname()[1]
+        spec = dict(self.cluster_spec.as_dict())
+        spec[CLIENT_JOB] = [self._client_address]
         resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-            self.cluster_spec, rpc_layer="grpc")
+            tf.train.ClusterSpec(spec), rpc_layer="grpc")
         try:
-            tf.config.experimental_connect_to_cluster(resolver, make_master_device_default=False)
+            tf.config.experimental_connect_to_cluster(resolver, job_name=CLIENT_JOB,
+                                                      make_master_device_default=False)
         except tf.errors.OpError as e:
             raise self.translate(e) from None
         self._connected_spec = self.cluster_spec.as_dict()
         self.check(timeout_s)
 
+    @property
+    def connected(self):
+        """Whether `connect` has connected this process to these hosts."""
+        return self._connected_spec is not None
+
+    def forget_connection(self):
+        """Marks this object unconnected (after TF's context was reset)."""
+        self._connected_spec = None
+
     def reconnect(self, timeout_s=None):
         """Connects again (a new remote context on every host): after a host
-        was restarted its old context is gone and every op sent there fails."""
+        was restarted its old context is gone and every op sent there fails.
+        Then sends a tensor over every pair of tasks until that succeeds
+        (gRPC channels to the restarted host fail fast once before they
+        reconnect; a training step must not be the one that finds out)."""
         self._connected_spec = None
         self.connect(timeout_s)
+        self._warm_channels(host_timeout_s(timeout_s))
+
+    def _warm_channels(self, timeout):
+        tasks = ["/job:localhost/replica:0/task:0/device:CPU:0"] + [
+            self.device(k) for k in range(self.num_hosts)]
+
+        @tf.function
+        def exchange(x):
+            total = []
+            for a in tasks:
+                with tf.device(a):
+                    y = x + 1.0
+                for b in tasks:
+                    with tf.device(b):
+                        total.append(y * 1.0)
+            return tf.add_n(total)
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                exchange(tf.constant(0.0)).numpy()
+                return
+            except tf.errors.UnavailableError as e:
+                if time.monotonic() >= deadline:
+                    raise self.translate(e, (self.unreachable() or [None])[0]) from None
+                time.sleep(0.2)
+
+    def _answering(self, timeout_s):
+        """Indices of the hosts that answer a probe op within `timeout_s` (the
+        probes run in threads; a hung host leaves its thread blocked)."""
+        from tf_tpu_emb import ops
+
+        answered = [False] * self.num_hosts
+
+        def probe(k):
+            try:
+                with tf.device(self.device(k)):
+                    ops.is_tpu_embedding_initialized().numpy()
+                answered[k] = True
+            except tf.errors.OpError:
+                pass
+
+        threads = [threading.Thread(target=probe, args=(k,), daemon=True)
+                   for k in range(self.num_hosts)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + timeout_s
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        return [k for k in range(self.num_hosts) if answered[k]]
+
+    def run(self, fn, *args, timeout_s=None, **kwargs):
+        """``fn(*args, **kwargs)`` (a training step that uses the hosts) under a
+        deadline of `timeout_s` (see `host_timeout_s`); returns its result.
+
+        A remote error comes back translated (naming its host when the message
+        names a task or address).  When the deadline passes, the hosts are
+        probed and ``DeadlineExceededError`` names those that did not answer;
+        the step is abandoned (its thread stays blocked until the host's
+        connection closes) and the hosts' engines must be restored from the
+        last checkpoint after the host is restarted and `reconnect` ed."""
+        timeout = host_timeout_s(timeout_s)
+        result = {}
+
+        def target():
+            try:
+                result["value"] = fn(*args, **kwargs)
+            except BaseException as e:  # noqa: BLE001 - re-raised in the caller
+                result["error"] = e
+
+        thread = threading.Thread(target=target, daemon=True, name="tf_tpu_emb-step")
+        thread.start()
+        thread.join(timeout)
+        if thread.is_alive():
+            silent = sorted(set(range(self.num_hosts)) - set(self._answering(min(timeout, 5.0))))
+            who = ("; ".join(self.describe(k) for k in silent) + " did not answer"
+                   if silent else "every host answers a probe")
+            raise tf.errors.DeadlineExceededError(
+                None, None, "the step did not finish within %.3g s (the timeout_s argument or "
+                "%s): %s. Restart the host, reconnect and restore the last checkpoint."
+                % (timeout, TIMEOUT_ENV, who))
+        if "error" in result:
+            error, k = result["error"], None
+            if isinstance(error, tf.errors.UnavailableError):
+                dead = self.unreachable()
+                k = dead[0] if dead else None
+            raise self.translate(error, k) from None
+        return result["value"]
 
     # ------------------------------------------------------------------ errors
     def host_of(self, error):
-        """The host index an error message names (by task or address), or None."""
+        """The host an error is about, or None: the first host whose address the
+        message names (gRPC names the address it failed to reach), else the
+        first embedding task it names (relaying tasks name themselves too, so
+        the address wins)."""
         text = str(getattr(error, "message", "") or error)
+        found = [(text.find(a), k) for k, a in enumerate(self.addresses) if a in text]
+        if found:
+            return min(found)[1]
         m = re.search(r"/job:%s/replica:\d+/task:(\d+)" % re.escape(self.job), text)
         if m and int(m.group(1)) < self.num_hosts:
             return int(m.group(1))
-        for k, address in enumerate(self.addresses):
-            if address in text:
-                return k
         return None
+
+    def unreachable(self, timeout_s=1.0):
+        """Indices of the hosts that refuse or do not accept a TCP connection
+        within `timeout_s` each (a dead host)."""
+        out = []
+        for k, address in enumerate(self.addresses):
+            host, _, port = address.rpartition(":")
+            try:
+                socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+            except OSError:
+                out.append(k)
+        return out
 
     def translate(self, error, k=None):
         """`error` (a tf.errors.OpError from an op run on host k) as an error of
