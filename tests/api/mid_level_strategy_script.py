@@ -18,7 +18,6 @@ global batch.  Exit code 0 and a last line "OK" = pass.
 import os
 import sys
 import time
-import traceback
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -33,6 +32,7 @@ tf.get_logger().setLevel("ERROR")  # "Using MirroredStrategy eagerly has signifi
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "common"))  # the shared test helpers
+import child_script  # noqa: E402
 import mid_level_common as mc  # noqa: E402
 import tf_tpu_emb  # noqa: E402
 
@@ -87,8 +87,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Exception:  # print everything the test needs to report
-        traceback.print_exc()
-        sys.exit(1)
+    child_script.run(main)

@@ -6,19 +6,15 @@ replica.  Exit code 0 = pass; on failure the assertion details are printed.
 """
 import os
 import sys
-import traceback
-
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-R = 4
-cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * R)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "common"))  # the shared test helpers
+import child_script  # noqa: E402
+
+R = 4
+tf = child_script.tensorflow_with_cpus(R)
+
+import numpy as np  # noqa: E402
 import engine_util as eu  # noqa: E402
 from engine_util import FeatureSpec, TableSpec  # noqa: E402
 
@@ -142,8 +138,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Exception:  # print everything the test needs to report
-        traceback.print_exc()
-        sys.exit(1)
+    child_script.run(main)
