@@ -76,8 +76,11 @@ class DeadlineTimer {
         continue;
       }
       auto first = entries_.begin();
-      if (Clock::now() < first->first.first) {
-        cv_.wait_until(lock, first->first.first);
+      // A copy: wait_until reads its deadline again after waking, when
+      // Remove may have erased (freed) this entry meanwhile.
+      const Clock::time_point when = first->first.first;
+      if (Clock::now() < when) {
+        cv_.wait_until(lock, when);
         continue;
       }
       std::function<void()> fire = std::move(first->second);

@@ -93,6 +93,30 @@ TEST(StepBarrierTimesOut) {
   EXPECT_TRUE(barrier.Take(1) == nullptr);
 }
 
+// The timer thread waits for its earliest entry; removing that entry (a
+// Recv handed its batch) and adding another wakes the thread, which must not
+// read the removed entry's deadline (a use after free the sanitizer build
+// reports).  The new entry must still fire.
+TEST(DeadlineTimerSurvivesRemovalOfTheEntryItWaitsFor) {
+  DeadlineTimer& timer = DeadlineTimer::Get();
+  for (int round = 0; round < 20; ++round) {
+    const auto far = DeadlineTimer::Clock::now() + std::chrono::hours(1);
+    const DeadlineTimer::Key key = timer.Add(far, [] {});
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // the thread waits for it
+    timer.Remove(key);
+    std::mutex mu;
+    std::condition_variable cv;
+    bool fired = false;
+    timer.Add(DeadlineTimer::Clock::now() + std::chrono::milliseconds(1), [&] {
+      std::lock_guard<std::mutex> lock(mu);
+      fired = true;
+      cv.notify_one();
+    });
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return fired; }));
+  }
+}
+
 TEST(StepBarrierTakeHandsOverTheOldestWaiterOfItsKeyOnly) {
   std::mutex mu;
   StepBarrier<int> barrier(&mu);
