@@ -109,7 +109,7 @@ class Trainer:
 
 @pytest.fixture(scope="module")
 def trainer():
-    with LoopbackCluster(S, lifetime_s=240) as cluster:
+    with LoopbackCluster(S) as cluster:
         cluster.hosts.reconnect()
         yield Trainer(cluster)
 

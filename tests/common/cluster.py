@@ -6,6 +6,10 @@ children (job "embedding", tasks 0..S-1) on free 127.0.0.1 ports through
 (SIGTERM, then SIGKILL) when the ``with`` block exits.  Every server also exits
 by itself after `lifetime_s` seconds and when this process dies
 (``--exit-with-parent``), so a crashed test session leaves nothing running.
+The default lifetime (20 minutes) outlasts a module's tests in the slowest
+lane (the sanitizer build, several times slower than the plain one): a module
+shares one cluster, and a host that ends its own life mid-module fails the
+module's later tests with "Socket closed".
 
 A host started with ``load_library=False`` is a plain ``tf.distribute.Server``
 (``plain_tf_server.py``): a task without tf_tpu_emb's kernels.
@@ -86,7 +90,7 @@ class LoopbackCluster:
     the same port.  `load_library` is a bool or one bool per host.
     """
 
-    def __init__(self, num_hosts, replicas_per_host=1, lifetime_s=300, load_library=True):
+    def __init__(self, num_hosts, replicas_per_host=1, lifetime_s=1200, load_library=True):
         if isinstance(load_library, bool):
             load_library = [load_library] * num_hosts
         if len(load_library) != num_hosts:
