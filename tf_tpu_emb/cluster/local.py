@@ -27,7 +27,8 @@ START_TIMEOUT_S = 180  # TensorFlow's import on a busy machine
 STOP_TIMEOUT_S = 10
 
 
-def _free_port():
+def free_port():
+    """A free TCP port on 127.0.0.1 (free when asked; nothing holds it)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -44,7 +45,7 @@ class LocalHosts:
     def __init__(self, num_hosts, replicas_per_host=1, lifetime_s=3600):
         if int(num_hosts) < 1:
             raise ValueError("num_hosts must be >= 1, got %r" % num_hosts)
-        self.addresses = ["127.0.0.1:%d" % _free_port() for _ in range(int(num_hosts))]
+        self.addresses = ["127.0.0.1:%d" % free_port() for _ in range(int(num_hosts))]
         self.replicas_per_host = int(replicas_per_host)
         self.lifetime_s = lifetime_s
         self.hosts = EmbeddingHosts({"embedding": self.addresses},
@@ -106,10 +107,7 @@ class LocalHosts:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        if self.hosts.connected:
-            from tensorflow.python.eager import context  # pylint: disable=import-outside-toplevel
-            context._reset_context()  # pylint: disable=protected-access
-            self.hosts.forget_connection()
+        self.hosts.disconnect()
 
     def __exit__(self, *exc):
         self.close()
