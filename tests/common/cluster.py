@@ -17,22 +17,15 @@ A host started with ``load_library=False`` is a plain ``tf.distribute.Server``
 import json
 import queue
 import signal
-import socket
 import subprocess
 import threading
 import time
 
 import harness
+from tf_tpu_emb.cluster.local import STOP_TIMEOUT_S, free_port  # noqa: F401 (re-exported)
+from tf_tpu_emb.server import READY_PREFIX
 
-READY_PREFIX = "tf_tpu_emb.server ready"
 START_TIMEOUT_S = 120  # TensorFlow's import on two busy cores
-STOP_TIMEOUT_S = 10
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class _Host:
@@ -159,14 +152,8 @@ class LoopbackCluster:
         for h in self._hosts:
             if h is not None:
                 h.stop()
-        if self.hosts.connected:
-            # This process was connected to the hosts (remote eager): its
-            # context still lists their devices, and TF functions that look at
-            # every device (checkpoint saving) would wait on the dead tasks.
-            # Later tests in this session get a fresh, local-only context.
-            from tensorflow.python.eager import context
-            context._reset_context()  # pylint: disable=protected-access
-            self.hosts.forget_connection()
+        # Later tests in this session get a fresh, local-only context.
+        self.hosts.disconnect()
 
     def __exit__(self, *exc):
         self.close()

@@ -205,6 +205,17 @@ class EmbeddingHosts:
         """Marks this object unconnected (after TF's context was reset)."""
         self._connected_spec = None
 
+    def disconnect(self):
+        """After the hosts were stopped: gives this process a fresh,
+        local-only eager context (the connected one still lists the hosts'
+        devices, and TF functions that look at every device, such as
+        checkpoint saving, would wait on the stopped tasks).  No-op when not
+        connected."""
+        if self.connected:
+            from tensorflow.python.eager import context  # pylint: disable=import-outside-toplevel
+            context._reset_context()  # pylint: disable=protected-access
+            self.forget_connection()
+
     def reconnect(self, timeout_s=None):
         """Connects again (a new remote context on every host): after a host
         was restarted its old context is gone and every op sent there fails.

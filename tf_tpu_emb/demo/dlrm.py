@@ -328,6 +328,10 @@ def parse_args(argv=None):
     p.add_argument("--dense-lr", type=float, default=2e-3,
                    help="Adam learning rate of the MLPs (default 0.002)")
     p.add_argument("--seed", type=int, default=0, help="data and model seed (default 0)")
+    p.add_argument("--hosts", type=int, default=0, metavar="S",
+                   help="shard the tables over S embedding hosts: S `tf_tpu_emb.server` "
+                   "processes started on 127.0.0.1 for the run (default 0: one engine "
+                   "in this process)")
     p.add_argument("--write-parquet", metavar="PATH",
                    help="write the generated training log as Parquet and exit")
     p.add_argument("--parquet", metavar="PATH",
@@ -336,6 +340,10 @@ def parse_args(argv=None):
                    "--max-vocab")
     args = common.parse_job_args(p, argv, DEFAULTS, QUICK, os.path.join("out", "demo"),
                                  "tiny run (small tables, few steps) for smoke tests")
+    if args.hosts < 0:
+        p.error("--hosts must be >= 0")
+    if args.hosts and (args.parquet or args.write_parquet):
+        p.error("--hosts does not combine with --parquet / --write-parquet")
     if min(args.steps, args.batch_size, args.dim, args.max_vocab, args.eval_every,
            args.eval_examples) < 1:
         p.error("--steps, --batch-size, --dim, --max-vocab, --eval-every and "
@@ -396,12 +404,20 @@ def main(argv=None):
     for f, v in zip(FEATURES, vocab):
         table = E.TableConfig(vocabulary_size=v, dim=args.dim, name=f, combiner="mean")
         feature_config[f] = E.FeatureConfig(table, name=f)
-    embedding = tf_tpu_emb.TPUEmbedding(feature_config, E.Adagrad(learning_rate=args.embedding_lr))
-    try:
-        embedding.build(per_replica_batch_size=args.batch_size)
-        result = _train_and_export(args, vocab, gen, train_rng, held_out, embedding)
-    finally:
-        embedding.shutdown()
+    optimizer = E.Adagrad(learning_rate=args.embedding_lr)
+    if args.hosts:
+        from tf_tpu_emb.cluster import local  # pylint: disable=import-outside-toplevel
+
+        with local.LocalHosts(args.hosts) as cluster:
+            cluster.hosts.connect()
+            print("  tables sharded (DIV_DEFAULT) over %d embedding hosts: %s"
+                  % (args.hosts, ", ".join(cluster.addresses)))
+            embedding = tf_tpu_emb.TPUEmbedding(feature_config, optimizer,
+                                                cluster=cluster.hosts)
+            result = _build_train_export(args, gen, train_rng, held_out, embedding)
+    else:
+        embedding = tf_tpu_emb.TPUEmbedding(feature_config, optimizer)
+        result = _build_train_export(args, gen, train_rng, held_out, embedding)
 
     metrics = {
         "config": dict(vars(args)),
@@ -431,7 +447,15 @@ def main(argv=None):
     return 0
 
 
-def _train_and_export(args, vocab, gen, train_rng, held_out, embedding):
+def _build_train_export(args, gen, train_rng, held_out, embedding):
+    try:
+        embedding.build(per_replica_batch_size=args.batch_size)
+        return _train_and_export(args, gen, train_rng, held_out, embedding)
+    finally:
+        embedding.shutdown()
+
+
+def _train_and_export(args, gen, train_rng, held_out, embedding):
     model = DLRMDense(args.dim, args.interaction)
     optimizer = tf.keras.optimizers.Adam(args.dense_lr)
     optimizer.build(model.trainable_variables)
