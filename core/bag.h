@@ -36,21 +36,17 @@ inline float BagScale(Combiner c, const float* w, int64_t n) {
 }
 
 // out[0..dim) = combiner(sum_k w_k * transform(base[ids[k] * dim + d])) for
-// one bag of n ids; rows (float or Bf16 elements, widened exactly) are
-// prefetched a few ids ahead.
-template <bool kWeighted, typename T, typename Id, typename Transform>
-TF_TPU_EMB_INLINE_INTO_CLONES void ReduceBag(const T* base, int dim, const Id* ids, const float* w,
-                                             int64_t n, Combiner combiner, float* out,
-                                             Transform transform) {
+// one bag of n ids; rows (float or Bf16 elements, widened exactly).  Before
+// row k is read, ahead(k) runs: the caller's prefetching (a row's memory
+// latency, not its arithmetic, is what a lookup waits for).
+template <bool kWeighted, typename T, typename Id, typename Transform, typename Ahead>
+TF_TPU_EMB_INLINE_INTO_CLONES void ReduceBagWith(const T* base, int dim, const Id* ids,
+                                                 const float* w, int64_t n, Combiner combiner,
+                                                 float* out, Transform transform, Ahead ahead) {
   std::memset(out, 0, sizeof(float) * dim);
   float sum_w = 0, sum_w2 = 0;
   for (int64_t k = 0; k < n; ++k) {
-    if (k + 4 < n) {
-      const char* ahead = reinterpret_cast<const char*>(base + int64_t{ids[k + 4]} * dim);
-      for (int b = 0; b < dim * static_cast<int>(sizeof(T)); b += 64) {
-        __builtin_prefetch(ahead + b);
-      }
-    }
+    ahead(k);
     const T* row = base + int64_t{ids[k]} * dim;
     const float wk = kWeighted ? w[k] : 1.0f;
     sum_w += wk;
@@ -61,6 +57,24 @@ TF_TPU_EMB_INLINE_INTO_CLONES void ReduceBag(const T* base, int dim, const Id* i
   if (scale != 1.0f) {
     for (int d = 0; d < dim; ++d) out[d] *= scale;
   }
+}
+
+// Prefetches the cache lines of one row of `bytes` bytes.
+inline void PrefetchRow(const void* row, int bytes) {
+  const char* p = static_cast<const char*>(row);
+  for (int b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
+}
+
+// ReduceBagWith for a bag on its own: rows are prefetched 4 ids ahead within
+// the bag.
+template <bool kWeighted, typename T, typename Id, typename Transform>
+TF_TPU_EMB_INLINE_INTO_CLONES void ReduceBag(const T* base, int dim, const Id* ids, const float* w,
+                                             int64_t n, Combiner combiner, float* out,
+                                             Transform transform) {
+  const int bytes = dim * static_cast<int>(sizeof(T));
+  ReduceBagWith<kWeighted>(base, dim, ids, w, n, combiner, out, transform, [&](int64_t k) {
+    if (k + 4 < n) PrefetchRow(base + int64_t{ids[k + 4]} * dim, bytes);
+  });
 }
 
 }  // namespace tf_tpu_emb

@@ -99,7 +99,7 @@ void UpdateRow(const TableStep& ts, int64_t id, float* g, float* w_old, float* w
 }
 
 // Prefetches every state row (parameters and slots) of row `id`.
-inline void PrefetchRow(const Table& t, int64_t id) {
+inline void PrefetchStateRows(const Table& t, int64_t id) {
   for (const auto& buffer : t.state) {
     const int bytes = t.dimension * buffer->element_bytes();
     const char* row = static_cast<const char*>(buffer->bf16()
@@ -165,9 +165,9 @@ void ApplyPartition(TableStep& ts, int64_t begin, int64_t end) {
     for (int d = 0; d < dim; ++d) dst[d] += coef * src[d];
   }
   constexpr size_t kAhead = 4;  // rows are random: fetch them ahead of use
-  for (size_t u = 0; u < std::min(kAhead, uniques.size()); ++u) PrefetchRow(*ts.table, uniques[u]);
+  for (size_t u = 0; u < std::min(kAhead, uniques.size()); ++u) PrefetchStateRows(*ts.table, uniques[u]);
   for (size_t u = 0; u < uniques.size(); ++u) {
-    if (u + kAhead < uniques.size()) PrefetchRow(*ts.table, uniques[u + kAhead]);
+    if (u + kAhead < uniques.size()) PrefetchStateRows(*ts.table, uniques[u + kAhead]);
     UpdateRow(ts, uniques[u], acc.data() + u * dim, w_old.data(), wide.data());
     if (ts.table->update.non_lazy) ts.table->touched[uniques[u]] = 1;
   }
