@@ -23,13 +23,16 @@ its job, engine replica r = the task's CPU device r) the way
   protocol): one synchronous global update.
 
 Enqueue, Recv and Send of all hosts are built in the caller's function, so
-one ``tf.function`` step carries every host's part.
+one ``tf.function`` step carries every host's part, and every host op is
+marked :func:`~tf_tpu_emb.cluster.ordering.per_host`: TF keeps program order
+among one host's ops and runs the hosts' parts in parallel.
 """
 import tensorflow as tf
 
 from tf_tpu_emb import ops
 from tf_tpu_emb import send as send_lib
 from tf_tpu_emb.cluster import checkpoint
+from tf_tpu_emb.cluster import ordering
 from tf_tpu_emb.cluster import routing
 
 
@@ -113,16 +116,17 @@ class ShardedEngine:
         for k in range(self.num_hosts):
             shards = [checkpoint.shard_rows(v, self.num_hosts, k, self.mod) for v in values]
             with tf.device(self._device(k)):
-                handles.load(*shards, num_shards=self.num_hosts, shard_id=k,
-                             table_name=table_name)
+                ordering.per_host(handles.load(*shards, num_shards=self.num_hosts,
+                                               shard_id=k, table_name=table_name), k)
 
     def retrieve(self, handles, table_name):
         """The whole table's state tensors, reassembled from every host."""
         per_host = []
         for k in range(self.num_hosts):
             with tf.device(self._device(k)):
-                values = handles.retrieve(num_shards=self.num_hosts, shard_id=k,
-                                          table_name=table_name)
+                values = ordering.per_host(
+                    handles.retrieve(num_shards=self.num_hosts, shard_id=k,
+                                     table_name=table_name), k)
             per_host.append([values] if isinstance(values, tf.Tensor) else list(values))
         return [checkpoint.assemble([h[i] for h in per_host], self.mod)
                 for i in range(len(per_host[0]))]
@@ -136,10 +140,10 @@ class ShardedEngine:
         enqueues = []
         for k, (splits, ids, folded) in enumerate(routed):
             with tf.device(self._device(k, replica)):
-                enqueues.append(ops.enqueue_tpu_embedding_arbitrary_tensor_batch(
+                enqueues.append(ordering.per_host(ops.enqueue_tpu_embedding_arbitrary_tensor_batch(
                     splits, ids, folded, device_ordinal=replica,
                     combiners=self.router.host_combiners, mode_override=mode,
-                    name=None if name is None else "{}_host{}".format(name, k)))
+                    name=None if name is None else "{}_host{}".format(name, k)), k))
         return None if tf.executing_eagerly() else tf.group(enqueues)
 
     def recv(self, num_outputs, replica, name=None):
@@ -147,8 +151,8 @@ class ShardedEngine:
         partials = []
         for k in range(self.num_hosts):
             with tf.device(self._device(k, replica)):
-                partials.append(ops.recv_tpu_embedding_activations(
-                    num_outputs=num_outputs, config=self.config, name=name))
+                partials.append(ordering.per_host(ops.recv_tpu_embedding_activations(
+                    num_outputs=num_outputs, config=self.config, name=name), k))
         if self.num_hosts == 1:
             return list(partials[0])
         return [tf.add_n([p[o] for p in partials]) for o in range(num_outputs)]
@@ -156,8 +160,9 @@ class ShardedEngine:
     def send(self, layout, gradients, learning_rates, replica, control_inputs=None,
              name=None):
         """Sends the replica's activation gradients to every host."""
-        sends = [send_lib.build_send(layout, gradients, learning_rates, config=self.config,
-                                     control_inputs=control_inputs,
-                                     device=self._device(k, replica), name=name)
+        sends = [ordering.per_host(
+                     send_lib.build_send(layout, gradients, learning_rates, config=self.config,
+                                         control_inputs=control_inputs,
+                                         device=self._device(k, replica), name=name), k)
                  for k in range(self.num_hosts)]
         return None if tf.executing_eagerly() else tf.group(sends)

@@ -1,0 +1,93 @@
+"""Program order per host, not across hosts, for the host ops of one step.
+
+Inside a ``tf.function`` TF adds automatic control dependencies: every
+stateful op that takes no resource input is chained after the previous such
+op, in program order.  Our engine ops take no resource input (the engine is
+named by an attr), so without help the S hosts' Enqueue, Recv and Send of a
+step would run one host after the other, each link of the chain a cross-task
+round trip.
+
+An engine is a per-host resource: the ops on one host's engine must keep
+program order (load before enqueue, Send before a later retrieve), the ops of
+two hosts need none.  :func:`per_host` says exactly that to TF's automatic
+control dependencies through their resource-resolver hook
+(``auto_control_deps.register_acd_resource_resolver``): every host op built
+in a function graph is given its host's key tensor as a resource it writes,
+so TF orders it after that host's previous op and leaves the hosts
+independent.  The key tensors are never evaluated (nothing consumes them; the
+function runtime prunes them).
+
+Where the hook is missing, :func:`per_host` does nothing and the step stays
+correct, only serial.
+"""
+import tensorflow as tf
+
+_GRAPH_ATTR = "_tf_tpu_emb_host_order"   # graph -> {"keys": {host: tensor}, "ops": {name: host}}
+
+try:  # TF's private module; present in every supported TF (2.16-2.21)
+    from tensorflow.python.framework import auto_control_deps as _acd
+    _register = _acd.register_acd_resource_resolver
+except (ImportError, AttributeError):  # pragma: no cover - older/newer TF
+    _register = None
+
+
+def _state(graph):
+    state = getattr(graph, _GRAPH_ATTR, None)
+    if state is None:
+        state = {"keys": {}, "ops": {}}
+        setattr(graph, _GRAPH_ATTR, state)
+    return state
+
+
+def _resolve(op, resource_reads, resource_writes):
+    """ACD resolver: a marked host op writes its host's key (True when the
+    sets changed, as the hook requires)."""
+    del resource_reads
+    state = getattr(op.graph, _GRAPH_ATTR, None)
+    if state is None:
+        return False
+    host = state["ops"].get(op.name)
+    if host is None:
+        return False
+    key = state["keys"][host]
+    if key in resource_writes:
+        return False
+    resource_writes.add(key)
+    return True
+
+
+_resolve.__name__ = "tf_tpu_emb_per_host_order"
+if _register is not None:
+    try:
+        _register(_resolve)
+    except KeyError:  # the module was imported twice (reload): already registered
+        pass
+
+
+def enabled():
+    """Whether per-host ordering is available in this TF."""
+    return _register is not None
+
+
+def per_host(built, host):
+    """Marks ``built`` (an op, a tensor, or a list of them; ``None`` in eager
+    mode) as an op of host ``host``'s engine.  Returns ``built``."""
+    if built is None or tf.executing_eagerly() or _register is None:
+        return built
+    items = built if isinstance(built, (list, tuple)) else [built]
+    ops_ = {x if isinstance(x, tf.Operation) else x.op for x in items}
+    for op in ops_:
+        graph = op.graph
+        if not getattr(graph, "building_function", False):
+            continue  # TF1 graphs have no automatic control dependencies
+        state = _state(graph)
+        if host not in state["keys"]:
+            state["keys"][host] = _make_key(graph, host)
+        state["ops"][op.name] = host
+    return built
+
+
+def _make_key(graph, host):
+    """A scalar constant of ``graph`` that stands for host ``host``'s engine."""
+    with graph.as_default(), graph.control_dependencies(None), graph.name_scope(None):
+        return tf.constant(host, name="tf_tpu_emb_host{}_engine".format(host))
