@@ -1,0 +1,96 @@
+"""Steady-state step loop of ours alone: the harness for profiling and for
+comparing two builds (benchmarks/RESULTS.md, "Issue 11: portable vs native
+build" and "the forward profile").
+
+Configures the peer workload (8 tables x 1M rows, dim 64, batch 4096, 10
+Zipf(1.05) ids a sample; `--quick`: 100,000 rows), loads random tables, and
+runs `--steps` forward (enqueue + Recv) or training (enqueue, Recv, loss
+gradient, Send) steps back to back, cycling over 4 batches.  Prints wall and
+process-CPU milliseconds per step.  `PERF: <pid>` is printed just before the
+timed loop, so `perf record -p <pid>` can attach to the loop only.
+
+Compare two builds by running this script with `PYTHONPATH` pointing at
+each built tree in alternation.
+"""
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--mode", choices=["forward", "sgd", "adagrad"], default="forward")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--quick", action="store_true", help="100,000 rows per table")
+    args = p.parse_args(argv)
+
+    import tensorflow as tf
+    import tf_tpu_emb
+    import bench_lookup as bl
+    import bench_train as bt
+    tf_tpu_emb.load_library()
+
+    a = bl.parse_args(["--dims", str(args.dim), "--combiners", "sum"]
+                      + (["--quick"] if args.quick else []))
+    a.combiner, a.lr, a.initial_accumulator = "sum", 0.1, 0.1
+    fill = bt.adagrad_parameters(a) if args.mode == "adagrad" else bl.sgd_parameters
+    cfg = bl.config_proto(a, args.dim, fill)
+    tf.raw_ops.ConfigureTPUEmbedding(config=cfg)
+    try:
+        rng = np.random.default_rng(0)
+        for t in range(a.tables):
+            vals = rng.standard_normal((a.rows, args.dim), dtype=np.float32)
+            kw = dict(table_id=t, num_shards=1, shard_id=0)
+            if args.mode == "adagrad":
+                tf.raw_ops.LoadTPUEmbeddingAdagradParameters(
+                    parameters=vals, accumulators=np.full_like(vals, 0.1), **kw)
+            else:
+                tf.raw_ops.LoadTPUEmbeddingStochasticGradientDescentParameters(
+                    parameters=vals, **kw)
+        n = a.batch * a.ids_per_sample
+        rows = np.repeat(np.arange(a.batch), a.ids_per_sample)
+        indices = tf.constant(np.stack([rows, np.tile(np.arange(a.ids_per_sample), a.batch)],
+                                       1).astype(np.int64))
+        batches = []
+        for _ in range(4):
+            ids = []
+            for _ in range(a.tables):
+                r = rng.zipf(a.zipf, size=n * 3)
+                ids.append(tf.constant((r[r <= a.rows][:n] - 1).astype(np.int64)))
+            batches.append((indices, ids, [tf.zeros([0], tf.float32)] * a.tables))
+
+        if args.mode == "forward":
+            @tf.function
+            def step(indices, ids, weights):
+                e = bl.ours_enqueue(tf, a.tables, "sum", indices, ids, weights)
+                with tf.control_dependencies([e] if e is not None else []):
+                    return tf.raw_ops.RecvTPUEmbeddingActivations(num_outputs=a.tables,
+                                                                  config=cfg)[0]
+        else:
+            ours = bt.Ours(tf, a, cfg, bt.loss_weights(tf, a, args.dim), None)
+            step = ours.step_fn
+
+        for i in range(args.warmup):
+            step(*batches[i % 4]).numpy()
+        print("PERF: %d" % os.getpid(), flush=True)
+        t0, c0 = time.perf_counter(), time.process_time()
+        for i in range(args.steps):
+            step(*batches[i % 4]).numpy()
+        wall = (time.perf_counter() - t0) / args.steps * 1e3
+        cpu = (time.process_time() - c0) / args.steps * 1e3
+        print("%s dim %d, %d x %d rows: %.2f ms/step, %.2f CPU ms/step, %.0f samples/s"
+              % (args.mode, args.dim, a.tables, a.rows, wall, cpu, a.batch / wall * 1e3))
+    finally:
+        tf_tpu_emb.ops.shutdown_tpu_embedding()
+
+
+if __name__ == "__main__":
+    main()
