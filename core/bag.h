@@ -59,8 +59,10 @@ TF_TPU_EMB_INLINE_INTO_CLONES void ReduceBagWith(const T* base, int dim, const I
   }
 }
 
-// Prefetches the cache lines of one row of `bytes` bytes.
-inline void PrefetchRow(const void* row, int bytes) {
+// Prefetches the cache lines of one row of `bytes` bytes.  Always inlined:
+// GCC deletes calls to a function whose only effect is prefetching (see
+// PrefetchStateRows in engine/apply.cc).
+TF_TPU_EMB_INLINE_INTO_CLONES void PrefetchRow(const void* row, int bytes) {
   const char* p = static_cast<const char*>(row);
   for (int b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
 }
