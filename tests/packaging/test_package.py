@@ -88,3 +88,37 @@ def test_portable_build_uses_avx_only_in_dispatched_clones():
     # The hot loops do have their vector clones.
     assert any("LookupRange" in f for f in clones), sorted(clones)
     assert any("ApplyPartition" in f for f in clones), sorted(clones)
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="checks x86-64 prefetch instructions")
+def test_hot_loops_keep_their_prefetches():
+    """The forward (LookupRange) and the update (ApplyPartition) prefetch the
+    rows they are about to touch.  GCC deletes calls to a helper whose only
+    effect is a prefetch (IPA pure-const), which once left the update with
+    none (benchmarks/RESULTS.md, "The training profile"): every compiled
+    variant of both must hold prefetch instructions (in the default build,
+    where both are functions of their own: the dispatch clones)."""
+    from tf_tpu_emb import _build_info
+
+    if getattr(_build_info, "NATIVE", False):
+        pytest.skip("built with TF_TPU_EMB_NATIVE=1: the hot loops may be inlined into callers")
+    if shutil.which("objdump") is None:
+        pytest.skip("objdump (binutils) is not installed")
+    asm = subprocess.run(["objdump", "-d", "--no-show-raw-insn", "-C", _loader.library_path()],
+                         capture_output=True, text=True, check=True).stdout
+    if "__asan_report" in asm:
+        pytest.skip("sanitizer build (make sanitize): other inlining, no dispatch clones")
+    counts, function = {}, None
+    for line in asm.splitlines():
+        head = re.match(r"^[0-9a-f]+ <(.*)>:$", line)
+        if head:
+            function = head.group(1)
+            if re.search(r"(LookupRange|ApplyPartition)\(", function) and \
+                    ".resolver" not in function and ".cold" not in function:
+                counts.setdefault(function, 0)
+            continue
+        if function in counts and re.search(r"\tprefetch", line):
+            counts[function] += 1
+    names = " ".join(counts)
+    assert "LookupRange" in names and "ApplyPartition" in names, sorted(counts)
+    assert all(n > 0 for n in counts.values()), counts
