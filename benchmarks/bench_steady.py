@@ -5,7 +5,9 @@ build" and "the forward profile").
 Configures the peer workload (8 tables x 1M rows, dim 64, batch 4096, 10
 Zipf(1.05) ids a sample; `--quick`: 100,000 rows), loads random tables, and
 runs `--steps` forward (enqueue + Recv) or training (enqueue, Recv, loss
-gradient, Send) steps back to back, cycling over 4 batches.  Prints wall and
+gradient, Send) steps back to back, cycling over the peer benchmarks'
+batches (`bench_lookup.prepare_inputs`: Zipf ranks scattered by a
+permutation).  Prints wall and
 process-CPU milliseconds per step.  `PERF: <pid>` is printed just before the
 timed loop, so `perf record -p <pid>` can attach to the loop only.
 
@@ -55,17 +57,11 @@ def main(argv=None):
             else:
                 tf.raw_ops.LoadTPUEmbeddingStochasticGradientDescentParameters(
                     parameters=vals, **kw)
-        n = a.batch * a.ids_per_sample
-        rows = np.repeat(np.arange(a.batch), a.ids_per_sample)
-        indices = tf.constant(np.stack([rows, np.tile(np.arange(a.ids_per_sample), a.batch)],
-                                       1).astype(np.int64))
-        batches = []
-        for _ in range(4):
-            ids = []
-            for _ in range(a.tables):
-                r = rng.zipf(a.zipf, size=n * 3)
-                ids.append(tf.constant((r[r <= a.rows][:n] - 1).astype(np.int64)))
-            batches.append((indices, ids, [tf.zeros([0], tf.float32)] * a.tables))
+        # The peer benchmarks' batches (bench_lookup.prepare_inputs): Zipf
+        # ranks scattered over the table by a permutation, so hot rows are not
+        # neighbours.
+        inputs, _ = bl.prepare_inputs(tf, a)
+        batches = [(x["indices"], x["ids"], x["weights"]) for x in inputs]
 
         if args.mode == "forward":
             @tf.function
@@ -79,11 +75,11 @@ def main(argv=None):
             step = ours.step_fn
 
         for i in range(args.warmup):
-            step(*batches[i % 4]).numpy()
+            step(*batches[i % len(batches)]).numpy()
         print("PERF: %d" % os.getpid(), flush=True)
         t0, c0 = time.perf_counter(), time.process_time()
         for i in range(args.steps):
-            step(*batches[i % 4]).numpy()
+            step(*batches[i % len(batches)]).numpy()
         wall = (time.perf_counter() - t0) / args.steps * 1e3
         cpu = (time.process_time() - c0) / args.steps * 1e3
         print("%s dim %d, %d x %d rows: %.2f ms/step, %.2f CPU ms/step, %.0f samples/s"
