@@ -48,7 +48,7 @@ absl::Status ActivationsGradient(const ::tensorflow::Scope& scope,
 // registration of a name).
 void RegisterActivationsGradient() {
   auto* registry = ::tensorflow::ops::GradOpRegistry::Global();
-  for (const std::string name : {kPrefix + std::string("TPUEmbeddingActivations"),
+  for (const std::string& name : {kPrefix + std::string("TPUEmbeddingActivations"),
                                  std::string("TPUEmbeddingActivations")}) {
     ::tensorflow::ops::GradFunc existing = nullptr;
     if (!registry->Lookup(name, &existing).ok()) registry->Register(name, ActivationsGradient);
