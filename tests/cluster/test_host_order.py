@@ -15,9 +15,8 @@ import re
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow.python.eager import context
 
-from cluster import LoopbackCluster
+from cluster import connected_hosts
 import engine_util as eu
 import tf_tpu_emb
 from tf_tpu_emb import ops
@@ -75,11 +74,8 @@ def per_host_order_holds(graph, hosts):
 
 @pytest.fixture(scope="module")
 def hosts():
-    with LoopbackCluster(2, replicas_per_host=2) as cluster:
-        cluster.hosts.connect()
-        tf_tpu_emb.load_library()
-        yield cluster.hosts
-    context._reset_context()  # pylint: disable=protected-access
+    with connected_hosts(2, replicas_per_host=2) as h:
+        yield h
 
 
 @pytest.mark.parametrize("replicas", [1, 2])

@@ -10,10 +10,9 @@ summed in another order than one engine sums a bag).
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow.python.eager import context
 import keras
 
-from cluster import LoopbackCluster
+from cluster import connected_hosts
 import tf_tpu_emb
 from tf_tpu_emb.keras import TPUEmbeddingLayer
 
@@ -32,13 +31,8 @@ KERNEL = RNG.normal(size=(5, 1)).astype(np.float32)
 
 @pytest.fixture(scope="module")
 def hosts():
-    with LoopbackCluster(2) as cluster:
-        cluster.hosts.connect()
-        tf_tpu_emb.load_library()
-        yield cluster.hosts
-    # This process was connected to the hosts: back to a local-only eager
-    # context, or later tests would wait on the stopped hosts.
-    context._reset_context()  # pylint: disable=protected-access
+    with connected_hosts(2) as h:
+        yield h
 
 
 def dataset():

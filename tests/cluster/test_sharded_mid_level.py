@@ -23,11 +23,10 @@ import threading
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow.python.eager import context
 
 import engine_util as eu
 import harness
-from cluster import LoopbackCluster
+from cluster import connected_hosts
 import tf_tpu_emb
 from sharded_case import (B, STEPS, TABLES, OPTIMIZERS, clustered, concat, feature_config,
                           make_case, state, stepper)
@@ -35,13 +34,8 @@ from sharded_case import (B, STEPS, TABLES, OPTIMIZERS, clustered, concat, featu
 
 @pytest.fixture(scope="module")
 def hosts():
-    with LoopbackCluster(2, replicas_per_host=2) as cluster:
-        cluster.hosts.connect()
-        tf_tpu_emb.load_library()
-        yield cluster.hosts
-    # This process was connected to the hosts: back to a local-only eager
-    # context, or later tests would wait on the stopped hosts.
-    context._reset_context()  # pylint: disable=protected-access
+    with connected_hosts(2, replicas_per_host=2) as h:
+        yield h
 
 
 def one_engine(initial, optimizer, per_replica, cots):

@@ -14,6 +14,7 @@ module's later tests with "Socket closed".
 A host started with ``load_library=False`` is a plain ``tf.distribute.Server``
 (``plain_tf_server.py``): a task without tf_tpu_emb's kernels.
 """
+import contextlib
 import json
 import queue
 import signal
@@ -158,3 +159,16 @@ class LoopbackCluster:
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+@contextlib.contextmanager
+def connected_hosts(num_hosts, replicas_per_host=1):
+    """A module fixture's body: a LoopbackCluster this process is connected
+    to, with the library loaded here; yields its ``EmbeddingHosts``.  On exit
+    the hosts stop and this process is back to a local-only eager context
+    (``close``)."""
+    import tf_tpu_emb  # pylint: disable=import-outside-toplevel
+    with LoopbackCluster(num_hosts, replicas_per_host=replicas_per_host) as cluster:
+        cluster.hosts.connect()
+        tf_tpu_emb.load_library()
+        yield cluster.hosts

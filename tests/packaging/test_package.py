@@ -59,11 +59,10 @@ def test_demo_extra_brings_matplotlib():
     assert any(r.startswith("matplotlib") and 'extra == "demo"' in r for r in requires), requires
 
 
-@pytest.mark.skipif(platform.machine() != "x86_64", reason="the portable baseline is x86-64's")
-def test_portable_build_uses_avx_only_in_dispatched_clones():
-    """The default build targets x86-64-v2: an instruction on ymm/zmm
-    registers (AVX, AVX2, AVX-512) may appear only in the clones the loader
-    selects for a CPU that has them."""
+def _portable_disassembly():
+    """objdump -d of the library as built by default (portable, with CPU
+    dispatch clones); skips for the native and the sanitizer builds, whose
+    code layout differs, and where objdump is missing."""
     from tf_tpu_emb import _build_info
 
     if getattr(_build_info, "NATIVE", False):
@@ -74,6 +73,15 @@ def test_portable_build_uses_avx_only_in_dispatched_clones():
                          capture_output=True, text=True, check=True).stdout
     if "__asan_report" in asm:
         pytest.skip("sanitizer build (make sanitize): core/cpu_dispatch.h turns the dispatch off")
+    return asm
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the portable baseline is x86-64's")
+def test_portable_build_uses_avx_only_in_dispatched_clones():
+    """The default build targets x86-64-v2: an instruction on ymm/zmm
+    registers (AVX, AVX2, AVX-512) may appear only in the clones the loader
+    selects for a CPU that has them."""
+    asm = _portable_disassembly()
     function, offenders, clones = None, set(), set()
     for line in asm.splitlines():
         head = re.match(r"^[0-9a-f]+ <(.*)>:$", line)
@@ -98,16 +106,7 @@ def test_hot_loops_keep_their_prefetches():
     none (benchmarks/RESULTS.md, "The training profile"): every compiled
     variant of both must hold prefetch instructions (in the default build,
     where both are functions of their own: the dispatch clones)."""
-    from tf_tpu_emb import _build_info
-
-    if getattr(_build_info, "NATIVE", False):
-        pytest.skip("built with TF_TPU_EMB_NATIVE=1: the hot loops may be inlined into callers")
-    if shutil.which("objdump") is None:
-        pytest.skip("objdump (binutils) is not installed")
-    asm = subprocess.run(["objdump", "-d", "--no-show-raw-insn", "-C", _loader.library_path()],
-                         capture_output=True, text=True, check=True).stdout
-    if "__asan_report" in asm:
-        pytest.skip("sanitizer build (make sanitize): other inlining, no dispatch clones")
+    asm = _portable_disassembly()
     counts, function = {}, None
     for line in asm.splitlines():
         head = re.match(r"^[0-9a-f]+ <(.*)>:$", line)
