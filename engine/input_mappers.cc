@@ -88,26 +88,29 @@ absl::Status ArbitraryPositions(Who who, const std::vector<int64_t>& shape,
           who(), ": sample_indices has ", cols, " columns; the feature's input_shape has rank ",
           r, " so ", r, " or ", r + 1, " columns are expected"));
     }
-    const IntView idx(splits);
-    for (int64_t k = 0; k < n; ++k) {
-      int64_t p = 0;
-      for (int j = 0; j < r && p >= 0; ++j) {
-        const int64_t v = idx(k, j);
-        if (v < 0 || (j == 0 && v >= shape[0])) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              who(), ": sample index ", v, " (row ", k, ", column ", j,
-              ") is outside [0, ", shape[j], ")"));
+    int64_t* out = pos->data();
+    return WithInts(splits, [&](const auto* idx) -> absl::Status {
+      for (int64_t k = 0; k < n; ++k) {
+        const auto* row = idx + k * cols;
+        int64_t p = 0;
+        for (int j = 0; j < r && p >= 0; ++j) {
+          const int64_t v = row[j];
+          if (v < 0 || (j == 0 && v >= shape[0])) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                who(), ": sample index ", v, " (row ", k, ", column ", j,
+                ") is outside [0, ", shape[j], ")"));
+          }
+          p = v >= shape[j] ? -1 : p * shape[j] + v;  // past a trailing dim: truncated
         }
-        p = v >= shape[j] ? -1 : p * shape[j] + v;  // past a trailing dim: truncated
+        if (cols == r + 1 && row[r] < 0) {  // the position inside the bag
+          return absl::InvalidArgumentError(absl::StrCat(
+              who(), ": sample index ", int64_t{row[r]}, " (row ", k, ", column ", r,
+              ") is negative"));
+        }
+        out[k] = p;
       }
-      if (cols == r + 1 && idx(k, r) < 0) {  // the position inside the bag
-        return absl::InvalidArgumentError(absl::StrCat(
-            who(), ": sample index ", idx(k, r), " (row ", k, ", column ", r,
-            ") is negative"));
-      }
-      (*pos)[k] = p;
-    }
-    return absl::OkStatus();
+      return absl::OkStatus();
+    });
   }
   if (splits.dims() == 1 && splits.NumElements() > 0) {  // row splits
     const int64_t rows = splits.NumElements() - 1;

@@ -45,6 +45,16 @@ class IntView {
   int64_t cols_;
 };
 
+// Calls fn(const int32_t*) or fn(const int64_t*) with the data of an
+// int32/int64 tensor: a loop written once, compiled per element type (the
+// enqueue's per-id passes vectorise; IntView decides the type per element).
+template <typename Fn>
+auto WithInts(const Tensor& t, Fn fn) {
+  const char* data = t.tensor_data().data();
+  return t.dtype() == DT_INT64 ? fn(reinterpret_cast<const int64_t*>(data))
+                               : fn(reinterpret_cast<const int32_t*>(data));
+}
+
 class FloatView {
  public:
   explicit FloatView(const Tensor& t)
@@ -196,14 +206,24 @@ class MapperBase : public InputMapper {
       const FeatureSource& s = sources[i];
       // The rows this engine holds (a host's shard: routed local ids).
       const int64_t vocab = e.table(e.outputs()[s.output].table).vocabulary_size;
-      const IntView ids(*s.ids);
       const int64_t n = s.ids->NumElements();
-      for (int64_t k = 0; k < n; ++k) {
-        const int64_t id = ids[k];
-        if (id < 0 || id >= vocab) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              Describe(op_, e, i, s.output), ": embedding id ", id, " at index ", k,
-              " is outside the table's vocabulary [0, ", vocab, ")"));
+      // One branch-free pass (it vectorises); the first bad id only on failure.
+      const bool all_in_range = WithInts(*s.ids, [&](const auto* ids) {
+        bool ok = true;
+        for (int64_t k = 0; k < n; ++k) {
+          ok &= static_cast<uint64_t>(int64_t{ids[k]}) < static_cast<uint64_t>(vocab);
+        }
+        return ok;
+      });
+      if (!all_in_range) {
+        const IntView ids(*s.ids);
+        for (int64_t k = 0; k < n; ++k) {
+          const int64_t id = ids[k];
+          if (id < 0 || id >= vocab) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                Describe(op_, e, i, s.output), ": embedding id ", id, " at index ", k,
+                " is outside the table's vocabulary [0, ", vocab, ")"));
+          }
         }
       }
       if (s.weights != nullptr) {
@@ -220,6 +240,36 @@ class MapperBase : public InputMapper {
     });
   }
 
+  // The common case of one source per output whose positions do not
+  // decrease and drop nothing (row splits, dense ids, COO indices in
+  // row-major order): the CSR keeps the input's order, so the ids and
+  // weights are copied as they are and the offsets are where the positions
+  // step up.  Returns false (and leaves `ob` for the general path) otherwise.
+  static bool AssembleInOrder(const FeatureSource& s, int64_t num_positions, OutputBatch* ob) {
+    const std::vector<int64_t>& pos = s.positions;
+    const int64_t n = pos.size();
+    ob->offsets.resize(num_positions + 1);
+    int64_t* offsets = ob->offsets.data();
+    int64_t bag = 0;  // offsets[0, bag) are written
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t p = pos[k];
+      if (p < bag - 1 || p < 0 || p >= num_positions) return false;  // decreasing, dropped
+      while (bag <= p) offsets[bag++] = k;
+    }
+    while (bag <= num_positions) offsets[bag++] = n;
+    ob->ids.resize(n);
+    WithInts(*s.ids, [&](const auto* ids) {
+      for (int64_t k = 0; k < n; ++k) ob->ids[k] = ids[k];
+      return 0;
+    });
+    if (s.weights != nullptr) {
+      ob->weights.resize(n);
+      const FloatView weights(*s.weights);
+      for (int64_t k = 0; k < n; ++k) ob->weights[k] = weights[k];
+    }
+    return true;
+  }
+
   // Groups the sources' elements by output into CSR (stable: input order),
   // one output per task.
   static void Assemble(const Work& w, const std::vector<FeatureSource>& sources,
@@ -233,6 +283,9 @@ class MapperBase : public InputMapper {
       OutputBatch& ob = batch->outputs[o];
       ob.slot_combiners = std::move(slot_combiners[o]);
       if (ob.slot_combiners.empty()) ob.slot_combiners.push_back(Combiner::kSum);
+      if (feeding[o].size() == 1 && AssembleInOrder(*feeding[o][0], e.outputs()[o].positions, &ob)) {
+        return absl::OkStatus();
+      }
       ob.offsets.assign(e.outputs()[o].positions + 1, 0);
       bool weighted = false;
       for (const FeatureSource* s : feeding[o]) {
