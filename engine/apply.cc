@@ -40,28 +40,29 @@ struct TableStep {
 
 // Rounds the float32 row `wide` (parameters, then every slot) stochastically
 // into the bfloat16 state of row `id`; the random bits depend on the step's
-// seed, the row and the element only (core/bf16.h).
-void StoreRounded(const TableStep& ts, int64_t id, const float* wide) {
+// seed, the row and the element only (core/bf16.h).  The rounding loop is
+// branch-free and vectorises (with a 64-bit hash per 4 elements and a branch
+// per element it was 60% of a bfloat16 Adagrad update, which then ran slower
+// than float32: benchmarks/RESULTS.md "bfloat16 storage: speed").
+TF_TPU_EMB_INLINE_INTO_CLONES void StoreRounded(const TableStep& ts, int64_t id,
+                                                const float* wide) {
   const Table& t = *ts.table;
   const int dim = t.dimension;
   const uint64_t key = MixBits(ts.seed ^ (static_cast<uint64_t>(id) * 0xD6E8FEB86659FD93ull));
-  uint64_t bits = 0;
+  const uint32_t key32 = static_cast<uint32_t>(key ^ (key >> 32));
   for (size_t i = 0; i < t.state.size(); ++i) {
-    Bf16* row = t.state[i]->half() + id * dim;
-    for (int d = 0; d < dim; ++d) {
-      const uint64_t e = i * dim + d;
-      if (e % 4 == 0) bits = MixBits(key + e);
-      row[d] = RoundStochastic(wide[e], static_cast<uint32_t>(bits));
-      bits >>= 16;
-    }
+    RoundStochasticRow(wide + i * dim, dim, key32, static_cast<uint32_t>(i * dim),
+                       t.state[i]->half() + id * dim);
   }
 }
 
 // Gradient clipping, the optimizer, weight decay (from the pre-update
 // weight), weight clipping: one row of one table.  `wide` is scratch for
 // (1 + slots) x dim floats: a bfloat16 row is widened into it, updated there
-// in float32 and rounded back.
-void UpdateRow(const TableStep& ts, int64_t id, float* g, float* w_old, float* wide) {
+// in float32 and rounded back.  Inlined into ApplyPartition's clones (an
+// out-of-line copy is compiled for the portable baseline only).
+TF_TPU_EMB_INLINE_INTO_CLONES void UpdateRow(const TableStep& ts, int64_t id, float* g,
+                                             float* w_old, float* wide) {
   Table& t = *ts.table;
   const UpdateSettings& s = t.update;
   const int dim = t.dimension;

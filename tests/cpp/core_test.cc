@@ -170,6 +170,36 @@ TEST(Bf16Rounding) {
   EXPECT_NEAR(ToFloat(RoundNearestEven(1.0f + 0x1p-8f)), 1.0f, 0.0f);
 }
 
+// A row's stochastic rounding (the bfloat16 update's store): unbiased, and
+// each element's random bits depend only on (key, element index), so a
+// row rounded in one call or in pieces gives the same bits.
+TEST(Bf16RowRounding) {
+  const int n = 1 << 16;
+  std::vector<float> x(n, 1.0f + 0x1p-9f);  // rounds up with probability 1/4
+  x[7] = std::numeric_limits<float>::infinity();
+  x[9] = std::nanf("");
+  std::vector<Bf16> whole(n), pieces(n);
+  RoundStochasticRow(x.data(), n, 12345u, 0u, whole.data());
+  RoundStochasticRow(x.data(), 100, 12345u, 0u, pieces.data());
+  RoundStochasticRow(x.data() + 100, n - 100, 12345u, 100u, pieces.data() + 100);
+  int up = 0;
+  for (int d = 0; d < n; ++d) {
+    EXPECT_TRUE(whole[d].bits == pieces[d].bits);
+    if (d == 7 || d == 9) continue;
+    const float v = ToFloat(whole[d]);
+    EXPECT_TRUE(v == 1.0f || v == 1.0f + 0x1p-7f);
+    up += v != 1.0f;
+  }
+  EXPECT_NEAR(static_cast<double>(up) / (n - 2), 0.25, 0.01);
+  EXPECT_TRUE(std::isinf(ToFloat(whole[7])));
+  EXPECT_TRUE(std::isnan(ToFloat(whole[9])));
+  std::vector<Bf16> other(n);
+  RoundStochasticRow(x.data(), n, 54321u, 0u, other.data());
+  int differ = 0;
+  for (int d = 0; d < n; ++d) differ += whole[d].bits != other[d].bits;
+  EXPECT_TRUE(differ > n / 4);  // another key, other bits (about 3/8 differ)
+}
+
 RowArgs Row(float* w, float* s0, const float* g, float lr) {
   RowArgs a{};
   a.w = w;
