@@ -238,12 +238,15 @@ def run_alternating(sides, steps, blocks, pause=0.0):
     """Times `steps` calls of every side, split into `blocks` alternating
     blocks (block order A, B, ..., then reversed: ..., B, A, and so on), so
     that background load hits all sides about equally.  `sides` is a list of
-    (name, fn); fn(i) runs the side's i-th step (i counts per side) and
-    materialises its result.  `pause` seconds of sleep before each block let
-    the previous side's spinning worker threads go idle (sides in other
+    (name, fn) or (name, fn, k); fn(i) runs the side's i-th call (i counts
+    per side) of k steps (default 1) and materialises its result; a side of
+    k steps per call makes a k-th of the calls of a block, each timed as
+    k steps (its call time / k).  `pause` seconds of sleep before each block
+    let the previous side's spinning worker threads go idle (sides in other
     processes).  Returns {name: [seconds per step]}."""
-    counter = {name: 0 for name, _ in sides}
-    times = {name: [] for name, _ in sides}
+    sides = [tuple(s) + (1,) * (3 - len(s)) for s in sides]
+    counter = {name: 0 for name, _, _ in sides}
+    times = {name: [] for name, _, _ in sides}
 
     def counted(name, fn):
         def step():
@@ -254,13 +257,13 @@ def run_alternating(sides, steps, blocks, pause=0.0):
 
     per_block = [steps // blocks + (1 if i < steps % blocks else 0) for i in range(blocks)]
     for i, n in enumerate(per_block):
-        order = [(name, counted(name, fn)) for name, fn in sides]
+        order = [(name, counted(name, fn), k) for name, fn, k in sides]
         if i % 2:
             order.reverse()
-        for name, fn in order:
+        for name, fn, k in order:
             if pause:
                 time.sleep(pause)
-            times[name] += time_steps(fn, n)
+            times[name] += [t / k for t in time_steps(fn, max(1, -(-n // k)))]
     return times
 
 

@@ -32,6 +32,8 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--quick", action="store_true", help="100,000 rows per table")
+    p.add_argument("--steps-per-call", type=int, default=1, metavar="K",
+                   help="K steps per tf.function call (bench_peers.py --steps-per-call)")
     args = p.parse_args(argv)
 
     import tensorflow as tf
@@ -64,24 +66,31 @@ def main(argv=None):
         batches = [(x["indices"], x["ids"], x["weights"]) for x in inputs]
 
         if args.mode == "forward":
-            @tf.function
-            def step(indices, ids, weights):
+            def one(indices, ids, weights):
                 e = bl.ours_enqueue(tf, a.tables, "sum", indices, ids, weights)
                 with tf.control_dependencies([e] if e is not None else []):
                     return tf.raw_ops.RecvTPUEmbeddingActivations(num_outputs=a.tables,
                                                                   config=cfg)[0]
         else:
-            ours = bt.Ours(tf, a, cfg, bt.loss_weights(tf, a, args.dim), None)
-            step = ours.step_fn
+            one = bt.Ours(tf, a, cfg, bt.loss_weights(tf, a, args.dim), None).step_body
+        k = args.steps_per_call
 
-        for i in range(args.warmup):
-            step(*batches[i % len(batches)]).numpy()
+        @tf.function
+        def steps(xs):
+            return [one(*x) for x in xs][-1]
+
+        def call(i):  # steps i*k .. i*k + k - 1
+            steps([batches[(i * k + j) % len(batches)] for j in range(k)]).numpy()
+
+        calls = -(-args.steps // k)
+        for i in range(-(-args.warmup // k)):
+            call(i)
         print("PERF: %d" % os.getpid(), flush=True)
         t0, c0 = time.perf_counter(), time.process_time()
-        for i in range(args.steps):
-            step(*batches[i % len(batches)]).numpy()
-        wall = (time.perf_counter() - t0) / args.steps * 1e3
-        cpu = (time.process_time() - c0) / args.steps * 1e3
+        for i in range(calls):
+            call(i)
+        wall = (time.perf_counter() - t0) / (calls * k) * 1e3
+        cpu = (time.process_time() - c0) / (calls * k) * 1e3
         print("%s dim %d, %d x %d rows: %.2f ms/step, %.2f CPU ms/step, %.0f samples/s"
               % (args.mode, args.dim, a.tables, a.rows, wall, cpu, a.batch / wall * 1e3))
     finally:

@@ -1,6 +1,7 @@
 """benchmarks/bench_steady.py (the profiling and build-comparison loop): its
---quick run completes for the forward and a training mode, prints the pid
-line perf attaches to before the timed loop, and reports a positive rate."""
+--quick run completes for the forward and a training mode, with one and with
+several steps per tf.function call, prints the pid line perf attaches to
+before the timed loop, and reports a positive rate."""
 import os
 import re
 
@@ -11,10 +12,11 @@ import harness
 BENCH = os.path.join(harness.ROOT, "benchmarks", "bench_steady.py")
 
 
-@pytest.mark.parametrize("mode", ["forward", "sgd"])
-def test_quick_run(mode):
+@pytest.mark.parametrize("mode,per_call", [("forward", 1), ("sgd", 1), ("sgd", 2)])
+def test_quick_run(mode, per_call):
     result = harness.run_python([BENCH, "--quick", "--mode", mode, "--steps", "3",
-                                 "--warmup", "1"], timeout=300)
+                                 "--warmup", "1", "--steps-per-call", str(per_call)],
+                                timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     lines = result.stdout.splitlines()
     pid = [i for i, line in enumerate(lines) if re.fullmatch(r"PERF: \d+", line)]
