@@ -20,6 +20,8 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "roofline_util.h"
+
 static float *table;
 static int64_t rows;
 static int dim;
@@ -31,19 +33,6 @@ typedef struct {
   int64_t rows_done;
   float sink;
 } Work;
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
-static uint64_t next(uint64_t *s) { /* xorshift64* */
-  *s ^= *s >> 12;
-  *s ^= *s << 25;
-  *s ^= *s >> 27;
-  return *s * 2685821657736338717ull;
-}
 
 #define CHUNK 4096
 #define AHEAD 8
@@ -111,16 +100,8 @@ int main(int argc, char **argv) {
     fprintf(stderr, "ROWS > 0, 0 < DIM <= 1024, 0 < THREADS <= 256\n");
     return 2;
   }
-  size_t huge = (size_t)2 << 20;
-  size_t bytes = ((size_t)rows * dim * 4 + huge - 1) / huge * huge;
-  table = aligned_alloc(huge, bytes);
-  if (table == NULL) {
-    fprintf(stderr, "cannot allocate %zu bytes\n", bytes);
-    return 1;
-  }
-#ifdef MADV_HUGEPAGE
-  madvise(table, bytes, MADV_HUGEPAGE);
-#endif
+  table = alloc_table((size_t)rows * dim * 4);
+  if (table == NULL) return 1;
   for (int64_t i = 0; i < rows * dim; ++i) table[i] = (float)(i & 7);
   double gather = measure(threads, 0);
   double update = measure(threads, 1);
