@@ -79,6 +79,10 @@ def reference_bags(params, splits, ids, weights, combiner):
 class Executor:
     def __init__(self, verbose=False):
         self.verbose = verbose
+        # A Recv reaches replica r by running on /CPU:r; the worker has this
+        # many logical CPUs, and TF places an op for a missing device on
+        # CPU:0 (replica 0).
+        self.devices = len(tf.config.list_logical_devices("CPU"))
         self.reset()
 
     # ------------------------------------------------------------ model
@@ -372,7 +376,9 @@ class Executor:
         tables are as last recorded."""
         if self.config is None:
             return
-        for r in range(self.replicas()):
+        # Replicas beyond the worker's devices (a mutated config that asks
+        # for more and is accepted) cannot be reached by a Recv.
+        for r in range(min(self.replicas(), self.devices)):
             if self._blocks(r):
                 continue
             if r in self.maybe_aborted:
