@@ -16,6 +16,7 @@ PYTEST_ARGS ?=
 all: build
 
 $(VENV)/.deps: Makefile
+	@echo "== $(VENV): a virtualenv with $(TF_REQ), numpy, pytest, matplotlib (pip; about 600 MB on a first download)"
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q "setuptools>=64" wheel $(TF_REQ) numpy pytest matplotlib
 	touch $@
@@ -24,7 +25,10 @@ venv: $(VENV)/.deps
 
 # Editable install: the library is built into tf_tpu_emb/ and the source tree is
 # what gets imported, so `pytest` from the repository root sees the built package.
+# build_ext prints a line per compiled file (pip -q would hide them); the
+# editable install that follows finds the objects up to date and only links.
 $(VENV)/.built: $(VENV)/.deps $(SRCS)
+	$(PY) setup.py -q build_ext --inplace
 	$(PIP) install -q --no-build-isolation --no-deps -e .
 	touch $@
 

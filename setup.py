@@ -12,6 +12,7 @@ ccache is used when it is on PATH.
 """
 import concurrent.futures
 import glob
+import hashlib
 import json
 import os
 import platform
@@ -19,6 +20,8 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
+import time
 
 from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
@@ -129,31 +132,88 @@ def compiler_and_flags():
     return cxx, common, lflags, info
 
 
+def _say(text):
+    """Build progress: on stderr, which pip shows with -v and `make build`
+    always (pip -q would hide it)."""
+    print(text, file=sys.stderr, flush=True)
+
+
+def _up_to_date(obj):
+    """True if `obj` and its -MMD dependency file exist and the object is
+    newer than every file the dependency file lists (source and headers)."""
+    dep = obj + ".d"
+    try:
+        built = os.path.getmtime(obj)
+        with open(dep) as f:
+            text = f.read().replace("\\\n", " ")
+    except OSError:
+        return False
+    files = text.split(":", 1)[1].split() if ":" in text else []
+    try:
+        return bool(files) and all(os.path.getmtime(f) <= built for f in files)
+    except OSError:  # a header went away
+        return False
+
+
 class TFBuildExt(build_ext):
     def get_ext_filename(self, ext_name):
         return os.path.join(*ext_name.split(".")) + ".so"
 
     def build_extension(self, ext):
         cxx, common, lflags, info = compiler_and_flags()
-        objdir = os.path.join(self.build_temp, "objs")
+        # Objects live per tree and per flag set, so a rebuild compiles only
+        # the translation units whose source or headers changed (their -MMD
+        # dependency files say which), whoever calls the build: `make build`,
+        # pip's editable install or build_ext --inplace.
+        flags_key = hashlib.sha256(json.dumps(cxx + common).encode()).hexdigest()[:12]
+        objdir = os.path.join(HERE, "build", "objs", flags_key)
         os.makedirs(objdir, exist_ok=True)
+        verbose = os.environ.get("TF_TPU_EMB_BUILD_VERBOSE", "0") != "0"
+
+        def obj_of(src):
+            return os.path.join(objdir, src.replace(os.sep, "_") + ".o")
+
+        stale = [src for src in ext.sources if not _up_to_date(obj_of(src))]
+        jobs = max(1, min(len(stale), os.cpu_count() or 1))
+        _say("tf_tpu_emb: building the op library against TensorFlow %s: %d of %d C++ "
+             "files to compile, %d at a time (about 10-20 s each: TensorFlow's headers)%s"
+             % (info["version"], len(stale), len(ext.sources), jobs,
+                ", ccache on" if "ccache" in cxx[0] else ""))
+        started = time.monotonic()
+        done = []
+        lock = threading.Lock()
 
         def compile_one(src):
-            obj = os.path.join(objdir, src.replace(os.sep, "_") + ".o")
-            cmd = cxx + common + ["-c", os.path.join(HERE, src), "-o", obj]
-            print(" ".join(cmd), flush=True)
-            subprocess.run(cmd, check=True)
-            return obj
+            obj = obj_of(src)
+            cmd = cxx + common + ["-MMD", "-MF", obj + ".d", "-c", os.path.join(HERE, src),
+                                  "-o", obj]
+            if verbose:
+                _say(" ".join(cmd))
+            t0 = time.monotonic()
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.stdout or proc.stderr:
+                _say(proc.stdout + proc.stderr)
+            if proc.returncode != 0:
+                raise SystemExit("tf_tpu_emb: compiling %s failed (exit %d)"
+                                 % (src, proc.returncode))
+            with lock:
+                done.append(src)
+                _say("tf_tpu_emb: [%d/%d] %s (%.0f s)"
+                     % (len(done), len(stale), src, time.monotonic() - t0))
 
-        jobs = max(1, min(len(ext.sources), os.cpu_count() or 1))
-        with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-            objs = list(pool.map(compile_one, ext.sources))
+        if stale:
+            with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+                list(pool.map(compile_one, stale))
+        objs = [obj_of(src) for src in ext.sources]
         target = self.get_ext_fullpath(ext.name)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         link = (cxx + ["-shared"] + (SANITIZE_FLAGS if sanitizing() else []) + objs + ["-o", target] + lflags
                 + ["-Wl,--no-undefined"])
-        print(" ".join(link), flush=True)
+        if verbose:
+            _say(" ".join(link))
         subprocess.run(link, check=True)
+        _say("tf_tpu_emb: linked %s in %.0f s" % (os.path.relpath(target, HERE),
+                                                 time.monotonic() - started))
         # Record what the library was built against; the loader checks it.
         # Written beside the library and, for editable installs (which import
         # the source tree), into the source package too.
