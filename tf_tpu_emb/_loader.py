@@ -9,6 +9,8 @@ import os
 import threading
 
 _LIB_FILE = "_tf_tpu_emb_ops.so"
+#: The namespace of every op the library registers (TF owns the bare names).
+PREFIX = "TfTpuEmb>"
 _lock = threading.Lock()
 _module = None
 
@@ -60,10 +62,14 @@ def load_library():
             raise ImportError("tf_tpu_emb's op library is missing at %s. %s"
                               % (path, _rebuild_hint()))
         try:
-            _module = tf.load_op_library(path)
+            module = tf.load_op_library(path)
         except tf.errors.NotFoundError as e:
             raise ImportError("Loading %s failed: %s. %s"
                               % (path, e, _rebuild_hint())) from e
+        # Any graph with the op can now be built: make it differentiable.
+        from tf_tpu_emb import activation_gradient  # pylint: disable=import-outside-toplevel
+        activation_gradient.register(PREFIX + "TPUEmbeddingActivations")
+        _module = module
         return _module
 
 

@@ -14,7 +14,7 @@ import re
 from tf_tpu_emb import _loader
 from tf_tpu_emb.optimizer_specs import BY_PROTO_FIELD, OPTIMIZERS
 
-PREFIX = "TfTpuEmb>"
+PREFIX = _loader.PREFIX
 
 
 def _snake(name):

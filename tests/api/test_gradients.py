@@ -234,9 +234,24 @@ def _activation_op(kind, variable, activation, lookup_id):
                                              lookup_id=lookup_id)
 
 
-def test_gradient_is_registered_for_the_prefixed_op():
+def test_gradient_is_registered_for_the_prefixed_op(lib):
+    """Loading the library registers it (every op wrapper loads the library first)."""
+    del lib
     fn = tf_ops.gradient_registry.lookup(tte_ops.TPU_EMBEDDING_ACTIVATIONS)
-    assert fn.__module__ == "tf_tpu_emb.gradients"
+    assert fn.__module__ == "tf_tpu_emb.activation_gradient"
+
+
+def test_importing_the_package_loads_no_tensorflow():
+    """`import tf_tpu_emb` is light (the command lines answer before TF loads);
+    the public names import on first access, the library loads on first use."""
+    proc = harness.run_python(["-c", "import sys, tf_tpu_emb; "
+                               "assert 'tensorflow' not in sys.modules, 'tf imported'; "
+                               "import tf_tpu_emb.ops; "
+                               "assert 'tensorflow' not in sys.modules, 'ops imported tf'; "
+                               "print(tf_tpu_emb.TPUEmbedding.__name__, tf_tpu_emb.Lion.__name__)"],
+                              timeout=120)
+    assert proc.returncode == 0 and proc.stdout.split() == ["TPUEmbedding", "Lion"], \
+        harness.describe(proc)
 
 
 @pytest.mark.parametrize("kind", OP_KINDS)

@@ -1,112 +1,129 @@
-"""C clients (TF-Java, Go and plain C go through TF's C API): the plugin loaded
-with TF_LoadLibrary runs a full training step built by op name, under TF's
-core names and the plugin's prefixed names, and TF_AddGradients over
-TPUEmbeddingActivations yields the activation gradient that feeds
-SendTPUEmbeddingGradients (kernels/system_kernels.cc).  train_step.c prints
-what it computed; the numpy reference here is written from the semantics
-(docs/tpu_embedding_semantics.md §3 gradients, §4 mean combiner, §5 Adagrad)."""
+"""C clients (TF-Java, Go and plain C go through TF's C API): the example
+program examples/c/train.c, compiled and run with the README's commands exactly
+as printed, trains through the plugin -- loaded with TF_LoadLibrary, ops built
+by TF's core names and by the plugin's prefixed names, the activation gradient
+from TF_AddGradients over TPUEmbeddingActivations feeding
+SendTPUEmbeddingGradients (kernels/system_kernels.cc).  Every number it prints
+is checked against a numpy reference written from the semantics
+(docs/tpu_embedding_semantics.md §3 gradients, §4 mean combiner, §5 Adagrad)
+and from the data the program documents in its header."""
 import os
+import pathlib
+import re
 import shutil
 import subprocess
+import sys
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
-from engine_util import TableSpec, serialize, table_mode_config
-from harness import describe, run_program
+import optimizer_reference
+from harness import ROOT, child_env, describe, run_program
 from tf_tpu_emb import _loader
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-VOCAB, DIM, LR = 10, 4, 0.1  # LR: engine_util's constant learning rate
-# Four bags: weighted, a repeated id across bags, an empty bag, one id.
-BAGS = [[(1, 0.5), (3, 2.0)], [(3, 1.0), (7, 1.0), (1, 3.0)], [], [(9, 1.5)]]
-BATCH = len(BAGS)
+pytestmark = pytest.mark.system
+
+EXAMPLE = pathlib.Path(ROOT) / "examples" / "c" / "train.c"
+README = pathlib.Path(ROOT) / "README.md"
+# examples/c/train.c's model (its header comment).
+VOCAB, DIM, BATCH, STEPS, LR = 16, 4, 4, 5, 0.1
+
+
+def readme_commands():
+    """The shell block of README's "A C program" section, as printed."""
+    text = README.read_text()
+    section = text[text.index("### A C program"):]
+    return re.search(r"```sh\n(.*?)```", section, re.S).group(1)
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory):
-    """train_step.c compiled against TF's C headers from the installed
-    package, linked with TF's two libraries only."""
-    out = tmp_path_factory.mktemp("c_api") / "train_step"
-    lib = tf.sysconfig.get_lib()
-    cmd = [shutil.which("gcc") or "gcc", "-std=c11", "-Wall", "-Wextra", "-Werror", "-O1",
-           os.path.join(HERE, "train_step.c"), "-isystem", tf.sysconfig.get_include(),
-           "-L" + lib, "-l:libtensorflow_cc.so.2", "-l:libtensorflow_framework.so.2",
-           "-Wl,-rpath," + lib, "-o", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return str(out)
+def built(tmp_path_factory):
+    """The README's commands run verbatim in a folder holding examples/c/,
+    with the virtualenv's python first on PATH (what `. .venv/bin/activate`
+    does); returns (folder, the commands' output)."""
+    work = tmp_path_factory.mktemp("c_client")
+    (work / "examples" / "c").mkdir(parents=True)
+    shutil.copy(EXAMPLE, work / "examples" / "c" / "train.c")
+    env = child_env(unset=("LD_LIBRARY_PATH",))  # the plugin's RUNPATH must do
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]
+    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", readme_commands()], cwd=work,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, describe(proc)
+    assert (work / "train").exists()
+    return work, proc.stdout
 
 
-@pytest.fixture(scope="module")
-def inputs(tmp_path_factory):
-    rng = np.random.default_rng(11)
-    table = rng.uniform(-1, 1, (VOCAB, DIM)).astype(np.float32)
-    accum = rng.uniform(0.1, 1, (VOCAB, DIM)).astype(np.float32)
-    target = rng.uniform(-1, 1, (BATCH, DIM)).astype(np.float32)
-    d = tmp_path_factory.mktemp("c_api_inputs")
-    config = table_mode_config([TableSpec("t0", VOCAB, DIM, "adagrad", num_features=1)], BATCH)
-    (d / "config.pb").write_bytes(serialize(config))
-    splits = np.cumsum([0] + [len(b) for b in BAGS])
-    ids = [i for b in BAGS for i, _ in b]
-    weights = [w for b in BAGS for _, w in b]
-    lines = ["%d %d %d %d" % (VOCAB, DIM, BATCH, len(ids))]
-    for arr in (table, accum, splits, ids, weights, target):
-        lines.append(" ".join(repr(float(x)) if isinstance(x, (float, np.floating))
-                              else str(int(x)) for x in np.ravel(arr)))
-    (d / "data.txt").write_text("\n".join(lines) + "\n")
-    return dict(table=table, accum=accum, target=target, config=str(d / "config.pb"),
-                data=str(d / "data.txt"))
+def bags():
+    """(bag, id, weight) of every lookup of a step (the same every step)."""
+    return [(b, (5 * b + 3 * k) % VOCAB, 1.0 + 0.5 * k) for b in range(BATCH) for k in range(b)]
 
 
-def reference(table, accum, target):
-    """One step in numpy: mean-combined lookup, loss sum((a - t)^2), its
-    gradient, the per-row gradient summed over the batch, lazy Adagrad."""
-    act = np.zeros((BATCH, DIM), np.float64)
-    coef = []
-    for b, bag in enumerate(BAGS):
-        sum_w = sum(w for _, w in bag)
-        for i, w in bag:
-            act[b] += w * table[i] / sum_w
-            coef.append((b, i, w / sum_w))
-    grad = 2 * (act - target)
-    row_grad = np.zeros((VOCAB, DIM))
-    for b, i, c in coef:
-        row_grad[i] += c * grad[b]
-    touched = sorted({i for _, i, _ in coef})
-    new_table, new_accum = table.astype(np.float64), accum.astype(np.float64)
-    for i in touched:
-        new_accum[i] += row_grad[i] ** 2
-        new_table[i] -= LR * row_grad[i] / np.sqrt(new_accum[i])
-    return dict(activations=act, loss=np.sum((act - target) ** 2), gradient=grad,
-                parameters=new_table, accumulators=new_accum)
+def reference():
+    """STEPS steps in numpy: mean-combined lookup, loss sum((a - t)^2), its
+    gradient, per-row gradients summed over the batch, Adagrad on the rows
+    looked up (optimizer_reference.adagrad)."""
+    table = (0.01 * np.arange(VOCAB * DIM, dtype=np.float32) - 0.3).astype(np.float32)
+    table = table.astype(np.float64).reshape(VOCAB, DIM)
+    accum = np.full((VOCAB, DIM), 0.1)
+    target = np.array([[(b + c) % 3 - 1 for c in range(DIM)] for b in range(BATCH)], float)
+    lookups = bags()
+    total = np.zeros(BATCH)
+    for b, _, w in lookups:
+        total[b] += w
+    losses = []
+    for _ in range(STEPS):
+        act = np.zeros((BATCH, DIM))
+        for b, i, w in lookups:
+            act[b] += w / total[b] * table[i]
+        losses.append(np.sum((act - target) ** 2))
+        grad = 2 * (act - target)
+        row_grad = {}
+        for b, i, w in lookups:
+            row_grad[i] = row_grad.get(i, 0) + w / total[b] * grad[b]
+        for i, g in row_grad.items():
+            table[i], (accum[i],) = optimizer_reference.adagrad(table[i], (accum[i],), g, LR, {})
+    return losses, table, accum
 
 
 def parse(stdout):
-    values = {}
+    losses, values = [], {}
     for line in stdout.splitlines():
-        label, *numbers = line.split()
-        values[label] = np.array([float(x) for x in numbers])
-    return values
+        words = line.split()
+        if words[:1] == ["step"]:
+            losses.append(float(words[3]))
+        elif words[:1] in (["parameters"], ["accumulators"]):
+            values[words[0]] = np.array([float(x) for x in words[1:]])
+    return losses, values
 
 
-@pytest.mark.parametrize("prefix", ["", "TfTpuEmb>"], ids=["core_names", "prefixed_names"])
-def test_training_step_from_c_matches_numpy(client, inputs, prefix):
-    # Without LD_LIBRARY_PATH: the plugin finds TF's libraries by its RUNPATH.
-    proc = run_program([client, _loader.library_path(), prefix, inputs["config"], inputs["data"]],
+def check_output(stdout):
+    losses, values = parse(stdout)
+    want_losses, want_table, want_accum = reference()
+    np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
+    np.testing.assert_allclose(values["parameters"], want_table.ravel(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(values["accumulators"], want_accum.ravel(), rtol=1e-5, atol=1e-6)
+    assert losses[-1] < losses[0]  # it trains
+
+
+def test_readme_commands_build_and_train(built):
+    """The README's commands compile the example and run it (core op names)."""
+    check_output(built[1])
+
+
+def test_prefixed_op_names(built):
+    """The same program building the ops by the plugin's prefixed names."""
+    proc = run_program([str(built[0] / "train"), _loader.library_path(), "TfTpuEmb>"],
                        timeout=300, unset=("LD_LIBRARY_PATH",))
     assert proc.returncode == 0, describe(proc)
-    got = parse(proc.stdout)
-    want = reference(inputs["table"], inputs["accum"], inputs["target"])
-    assert set(got) == set(want), describe(proc)
-    for name, value in want.items():
-        np.testing.assert_allclose(got[name], np.ravel(value), rtol=1e-5, atol=1e-6,
-                                   err_msg=name)
-    # The step changed exactly the rows it looked up.
-    changed = np.flatnonzero(np.any(
-        got["parameters"].astype(np.float32).reshape(VOCAB, DIM) != inputs["table"], axis=1))
-    assert changed.tolist() == [1, 3, 7, 9]
+    check_output(proc.stdout)
+
+
+def test_bad_usage_and_plugin_path(built):
+    """Wrong arguments: usage and exit 2; a wrong plugin path: TF's error, exit 1."""
+    proc = run_program([str(built[0] / "train")], timeout=60)
+    assert proc.returncode == 2 and "usage:" in proc.stderr
+    proc = run_program([str(built[0] / "train"), "/nonexistent/plugin.so"], timeout=60)
+    assert proc.returncode == 1 and "TF_LoadLibrary" in proc.stderr, describe(proc)
 
 
 def test_plugin_records_where_tensorflow_is():

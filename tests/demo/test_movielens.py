@@ -7,6 +7,7 @@ of the real data) that uses the cached wheel, downloads it when absent, and is
 skipped only when the package registry cannot be reached.
 """
 import json
+import os
 import math
 import zipfile
 
@@ -284,9 +285,36 @@ def test_quick_run_saved_model_scores_pairs(quick_run):
     np.testing.assert_allclose(rating, np.clip(score, 1.0, 5.0))
 
 
-def test_demo_dispatch_help():
-    ml = harness.run_python(["-m", "tf_tpu_emb.demo", "--data", "movielens-100k", "--help"],
-                            timeout=120)
-    assert ml.returncode == 0 and "--data-path" in ml.stdout and "--folds" in ml.stdout
-    dlrm = harness.run_python(["-m", "tf_tpu_emb.demo", "--help"], timeout=120)
-    assert dlrm.returncode == 0 and "--max-vocab" in dlrm.stdout and "movielens-100k" in dlrm.stdout
+# Runs a command-line module as `python -m` does, then reports whether
+# TensorFlow got imported (its --help must answer before TF loads).
+_HELP_PROBE = """
+import runpy, sys
+sys.argv = [sys.argv[1]] + sys.argv[2:]
+try:
+    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+except SystemExit as e:
+    print("exit", e.code)
+print("tensorflow imported:", "tensorflow" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("module, args, expect", [
+    ("tf_tpu_emb.demo", ["--data", "movielens-100k", "--help"], ["--data-path", "--folds"]),
+    ("tf_tpu_emb.demo", ["--help"], ["--max-vocab", "movielens-100k", "demo-quick"]),
+    ("tf_tpu_emb.server", ["--help"], ["--cluster", "--replicas"]),
+])
+def test_help_answers_without_tensorflow(module, args, expect):
+    proc = harness.run_python(["-c", _HELP_PROBE, module] + args, timeout=120)
+    assert proc.returncode == 0, harness.describe(proc)
+    assert "exit 0" in proc.stdout and "tensorflow imported: False" in proc.stdout, proc.stdout
+    for word in expect:
+        assert word in proc.stdout
+
+
+def test_quick_runs_write_to_their_own_folder():
+    from tf_tpu_emb.demo import cli
+    assert cli.dlrm_args([]).out == os.path.join("out", "demo")
+    assert cli.dlrm_args(["--quick"]).out == os.path.join("out", "demo-quick")
+    assert cli.dlrm_args(["--quick", "--out", "x"]).out == "x"
+    assert cli.movielens_args(["--quick"]).out == os.path.join("out", "movielens-quick")
+    assert cli.movielens_args([]).out == os.path.join("out", "movielens")

@@ -1,6 +1,5 @@
 """What the demo jobs share: progress bar, plotting set-up, metrics file,
 stock-op SavedModel export and the fresh-process check of that SavedModel."""
-import argparse
 import json
 import os
 import shutil
@@ -51,28 +50,6 @@ class Progress:
             self.stream.write("\n")
             self.stream.flush()
             self._open = False
-
-
-def job_parser(prog, description, defaults, quick):
-    """An argument parser whose epilog lists a job's defaults with and without --quick."""
-    def listing(values):
-        return ", ".join("%s %s" % (k, v) for k, v in values.items())
-    return argparse.ArgumentParser(
-        prog=prog, description=description,
-        epilog="Defaults without --quick: %s; with --quick: %s." % (listing(defaults),
-                                                                    listing(quick)))
-
-
-def parse_job_args(parser, argv, defaults, quick, out, quick_help):
-    """Adds --out and --quick, parses, and fills every flag left unset (None)
-    from `quick` or `defaults`."""
-    parser.add_argument("--out", default=out, help="output folder (default %s)" % out)
-    parser.add_argument("--quick", action="store_true", help=quick_help)
-    args = parser.parse_args(argv)
-    for k, v in (quick if args.quick else defaults).items():
-        if getattr(args, k) is None:
-            setattr(args, k, v)
-    return args
 
 
 def require_matplotlib(target):

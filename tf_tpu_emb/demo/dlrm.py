@@ -23,7 +23,7 @@ this library's CPU engine, then served from a stock-op SavedModel.
   dense weights -> ``embedding.apply_gradients`` (the engine updates the
   tables) + the Keras optimizer.  A progress bar shows the running loss, the
   last held-out AUC and examples/s.
-* **Outputs** (``--out``, default ``out/demo``): ``loss_auc.png`` (loss and
+* **Outputs** (``--out``, default ``out/demo``, ``out/demo-quick`` with ``--quick``): ``loss_auc.png`` (loss and
   held-out AUC over steps), ``metrics.json``, ``checkpoint/`` (a
   ``tf.train.Checkpoint`` of the embedding -- in TF's TPU-embedding layout --,
   the MLPs and the optimizer) and ``saved_model/`` (stock TF ops only: the
@@ -58,6 +58,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tf_tpu_emb  # noqa: E402
+from tf_tpu_emb.demo import cli  # noqa: E402
 from tf_tpu_emb.demo import common  # noqa: E402
 
 E = tf.tpu.experimental.embedding
@@ -80,10 +81,7 @@ PAIR_DIM, PAIR_SCALE = 4, 0.45
 DENSE_SCALE = 0.3
 CLICK_RATE = 0.25  # the planted model's bias is solved for this mean click rate
 
-DEFAULTS = dict(steps=2000, batch_size=2048, dim=16, max_vocab=100_000, eval_every=200,
-                eval_examples=32768)
-QUICK = dict(steps=80, batch_size=256, dim=8, max_vocab=2_000, eval_every=20,
-             eval_examples=2048)
+DEFAULTS, QUICK = cli.DLRM_DEFAULTS, cli.DLRM_QUICK
 
 
 # ------------------------------------------------------------------------ data
@@ -306,52 +304,8 @@ def score_in_fresh_process(saved_model, dense, ids, labels, planted, inprocess, 
 # ------------------------------------------------------------------------ main
 
 def parse_args(argv=None):
-    p = common.job_parser("python -m tf_tpu_emb.demo", __doc__.split("\n\n")[0], DEFAULTS,
-                          QUICK)
-    p.add_argument("--data", choices=("synthetic", "movielens-100k"), default="synthetic",
-                   help="synthetic: this job, on a generated click log (default); "
-                   "movielens-100k: the rating job on real data (`--data movielens-100k "
-                   "--help` for its flags)")
-    p.add_argument("--steps", type=int, help="training steps")
-    p.add_argument("--batch-size", type=int, help="examples per step")
-    p.add_argument("--dim", type=int, help="embedding dimension of every table")
-    p.add_argument("--max-vocab", type=int,
-                   help="cap on the rows of a table (Criteo's sizes are up to 40M)")
-    p.add_argument("--eval-every", type=int, help="steps between held-out evaluations")
-    p.add_argument("--eval-examples", type=int,
-                   help="held-out examples (rounded up to whole batches)")
-    p.add_argument("--interaction", choices=("dot", "cat"), default="dot",
-                   help="DLRM's pairwise dot products, or concatenation (default dot)")
-    p.add_argument("--embedding-lr", type=float, default=0.05,
-                   help="Adagrad learning rate of the tables, applied by the engine "
-                   "(default 0.05)")
-    p.add_argument("--dense-lr", type=float, default=2e-3,
-                   help="Adam learning rate of the MLPs (default 0.002)")
-    p.add_argument("--seed", type=int, default=0, help="data and model seed (default 0)")
-    p.add_argument("--hosts", type=int, default=0, metavar="S",
-                   help="shard the tables over S embedding hosts: S `tf_tpu_emb.server` "
-                   "processes started on 127.0.0.1 for the run (default 0: one engine "
-                   "in this process)")
-    p.add_argument("--write-parquet", metavar="PATH",
-                   help="write the generated training log as Parquet and exit")
-    p.add_argument("--parquet", metavar="PATH",
-                   help="train from this Parquet click log (read with tensorflow-io) "
-                   "instead of the generator; written by --write-parquet with the same "
-                   "--max-vocab")
-    args = common.parse_job_args(p, argv, DEFAULTS, QUICK, os.path.join("out", "demo"),
-                                 "tiny run (small tables, few steps) for smoke tests")
-    if args.hosts < 0:
-        p.error("--hosts must be >= 0")
-    if args.hosts and (args.parquet or args.write_parquet):
-        p.error("--hosts does not combine with --parquet / --write-parquet")
-    if min(args.steps, args.batch_size, args.dim, args.max_vocab, args.eval_every,
-           args.eval_examples) < 1:
-        p.error("--steps, --batch-size, --dim, --max-vocab, --eval-every and "
-                "--eval-examples must be >= 1")
-    # Whole batches: the engine's output shapes are fixed at build time.
-    args.eval_batches = max(1, math.ceil(args.eval_examples / args.batch_size))
-    return args
-
+    """The job's arguments (tf_tpu_emb.demo.cli, parsed without TensorFlow)."""
+    return cli.dlrm_args(argv)
 
 def write_parquet(path, gen, rng, steps, batch):
     """The training log (`steps` batches of the generator) as a Parquet click log."""
@@ -367,8 +321,12 @@ def write_parquet(path, gen, rng, steps, batch):
 
 
 def main(argv=None):
+    return run(parse_args(argv))
+
+
+def run(args):
+    """Runs the job with parsed arguments (``parse_args``)."""
     wall_start = time.perf_counter()
-    args = parse_args(argv)
     common.prepare_run(args, "demo")
     vocab = [min(v, args.max_vocab) for v in CRITEO_VOCAB]
     rows = sum(vocab)

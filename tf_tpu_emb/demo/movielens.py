@@ -20,7 +20,7 @@ RMSE and MAE of the held-out fold, next to a baseline fitted in the same run
   usual per-rating regularisation of matrix factorisation), summed over the
   batch.  Hyperparameters were chosen with ``--validate`` (scores on 10% of
   each training part), not on the test folds.
-* **Outputs** (``--out``, default ``out/movielens``): ``metrics.json`` (per
+* **Outputs** (``--out``, default ``out/movielens``, ``out/movielens-quick`` with ``--quick``): ``metrics.json`` (per
   fold RMSE/MAE of the model and the baseline, per-epoch curves, means and
   standard deviations, seed, run time, configuration), ``cv.png`` and
   ``saved_model/`` (stock TF ops only; the last fold's model): raw
@@ -44,6 +44,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tf_tpu_emb  # noqa: E402
+from tf_tpu_emb.demo import cli  # noqa: E402
 from tf_tpu_emb.demo import common  # noqa: E402
 from tf_tpu_emb.demo import movielens_data as mld  # noqa: E402
 from tf_tpu_emb.demo import movielens_report as report  # noqa: E402
@@ -58,8 +59,7 @@ FEATURES = USER_SIDE + MOVIE_SIDE
 # training part (SVD++'s implicit feedback; sqrtn = its |N(u)|^-1/2 scaling).
 BAGS = {"genres": ("movie", "genres", "mean"), "rated": ("user", "movie", "sqrtn")}
 
-DEFAULTS = dict(folds=5, run_folds=None, epochs=20, batch_size=512, dim=32, max_ratings=None)
-QUICK = dict(folds=5, run_folds=1, epochs=1, batch_size=128, dim=8, max_ratings=4000)
+DEFAULTS, QUICK = cli.MOVIELENS_DEFAULTS, cli.MOVIELENS_QUICK
 
 
 # ----------------------------------------------------------------------- model
@@ -297,59 +297,8 @@ def export_saved_model(path, fold, data):
 # ------------------------------------------------------------------------ main
 
 def parse_args(argv=None):
-    doc = __doc__.split("\n\n")[0].split(": ", 1)[1]
-    p = common.job_parser("python -m tf_tpu_emb.demo --data movielens-100k", doc, DEFAULTS,
-                          QUICK)
-    p.add_argument("--data", choices=("movielens-100k",), default="movielens-100k",
-                   help="movielens-100k: this job")
-    p.add_argument("--data-path", help="the RecBole 1.2.1 wheel, a folder holding it, or a "
-                   "folder with ml-100k.inter/.user/.item (default: the cache, filled by pip "
-                   "download on first use)")
-    p.add_argument("--cache-dir", help="where the wheel is kept (default $%s, else "
-                   "$XDG_CACHE_HOME/tf_tpu_emb, else ~/.cache/tf_tpu_emb)" % mld.CACHE_ENV)
-    p.add_argument("--no-download", action="store_true",
-                   help="fail instead of downloading when the wheel is not cached")
-    p.add_argument("--folds", type=int, help="cross-validation folds")
-    p.add_argument("--run-folds", type=int, help="train only the first N folds")
-    p.add_argument("--epochs", type=int, help="passes over each fold's training ratings")
-    p.add_argument("--batch-size", type=int, help="ratings per step")
-    p.add_argument("--dim", type=int, help="embedding dimension (every table has one bias "
-                   "column more)")
-    p.add_argument("--max-ratings", type=int, help="use only the first N ratings of the file")
-    p.add_argument("--hidden", default="64",
-                   help="hidden units of the MLP, comma-separated; empty: no MLP (default 64)")
-    p.add_argument("--embedding-lr", type=float, default=0.015,
-                   help="engine Adagrad learning rate of the tables (default 0.015)")
-    p.add_argument("--no-history", action="store_true",
-                   help="leave out the rated-movies bag (the user's training ratings' movies)")
-    p.add_argument("--dense-lr", type=float, default=1e-4,
-                   help="Keras Adam learning rate of the MLP and the global mean (default 1e-4)")
-    p.add_argument("--l2", type=float, default=0.05,
-                   help="L2 penalty per looked-up vector and rating (default 0.05)")
-    p.add_argument("--init-std", type=float, default=0.05,
-                   help="std of the tables' truncated-normal initializer (default 0.05)")
-    p.add_argument("--seed", type=int, default=0, help="fold split, shuffling and model seed")
-    p.add_argument("--validate", action="store_true",
-                   help="for tuning: evaluate on 10%% of each fold's training ratings (held "
-                   "out from training) instead of the test fold")
-    p.add_argument("--verbose", action="store_true", help="print a line per epoch")
-    args = common.parse_job_args(p, argv, DEFAULTS, QUICK, os.path.join("out", "movielens"),
-                                 "one fold, one epoch, a 4,000-rating slice (smoke test)")
-    args.features = [f for f in FEATURES if not (args.no_history and f == "rated")]
-    if args.run_folds is None:
-        args.run_folds = args.folds
-    try:
-        args.hidden = [int(h) for h in args.hidden.split(",") if h.strip()]
-    except ValueError:
-        p.error("--hidden must be comma-separated integers, got %r" % args.hidden)
-    if args.folds < 2 or not 1 <= args.run_folds <= args.folds:
-        p.error("need --folds >= 2 and 1 <= --run-folds <= --folds")
-    if min([args.epochs, args.batch_size, args.dim] + args.hidden) < 1:
-        p.error("--epochs, --batch-size, --dim and --hidden must be >= 1")
-    if args.max_ratings is not None and args.max_ratings < args.folds * args.batch_size:
-        p.error("--max-ratings must leave at least one batch per fold (folds x batch size)")
-    return args
-
+    """The job's arguments (tf_tpu_emb.demo.cli, parsed without TensorFlow)."""
+    return cli.movielens_args(argv)
 
 def load_data(args):
     try:
@@ -363,8 +312,13 @@ def load_data(args):
 
 
 def main(argv=None):
+    return run(parse_args(argv))
+
+
+def run(args):
+    """Runs the job with parsed arguments (``parse_args``)."""
     wall_start = time.perf_counter()
-    args = parse_args(argv)
+    args.features = [f for f in FEATURES if not (args.no_history and f == "rated")]
     common.prepare_run(args, "movielens")
     data, source = load_data(args)
     print("MovieLens-100k rating model on tf_tpu_emb %s (TensorFlow %s, CPU engine)"

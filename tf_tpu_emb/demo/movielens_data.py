@@ -20,11 +20,12 @@ import zipfile
 
 import numpy as np
 
+from tf_tpu_emb.demo.cli import CACHE_ENV  # noqa: F401  (the one definition)
+
 RECBOLE = "recbole==1.2.1"
 WHEEL = "recbole-1.2.1-py3-none-any.whl"
 MEMBER_DIR = "recbole/dataset_example/ml-100k/"
 FILES = {"inter": "ml-100k.inter", "user": "ml-100k.user", "item": "ml-100k.item"}
-CACHE_ENV = "TF_TPU_EMB_CACHE"
 ATOMIC_TYPES = ("token", "token_seq", "float", "float_seq")
 # MovieLens' own age groups (the 1M release's): under 18, 18-24, 25-34, 35-44,
 # 45-49, 50-55, 56+; bucket k + 1 holds ages in [AGE_EDGES[k], AGE_EDGES[k + 1]).
