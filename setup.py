@@ -155,61 +155,71 @@ def _up_to_date(obj):
         return False
 
 
+def objects_dir(cxx, common):
+    """Where the objects of one flag set live: per tree and per flag set, so a
+    rebuild compiles only the translation units whose source or headers
+    changed (their -MMD dependency files say which), whoever builds --
+    `make build`, pip's editable install, build_ext --inplace, or the C++ unit
+    tests (tests/cpp/build.py links the engine's objects from here)."""
+    key = hashlib.sha256(json.dumps(cxx + common).encode()).hexdigest()[:12]
+    return os.path.join(HERE, "build", "objs", key)
+
+
+def object_of(src, cxx, common):
+    """The object file of `src` (a path relative to this tree) for a flag set."""
+    return os.path.join(objects_dir(cxx, common), src.replace(os.sep, "_") + ".o")
+
+
+def compile_objects(sources, cxx, common, what):
+    """Compiles the stale ones of `sources` (relative to this tree), in
+    parallel, with a progress line each; returns every source's object."""
+    os.makedirs(objects_dir(cxx, common), exist_ok=True)
+    verbose = os.environ.get("TF_TPU_EMB_BUILD_VERBOSE", "0") != "0"
+    stale = [src for src in sources if not _up_to_date(object_of(src, cxx, common))]
+    jobs = max(1, min(len(stale), os.cpu_count() or 1))
+    _say("tf_tpu_emb: building %s: %d of %d C++ files to compile, %d at a time (about "
+         "10-20 s each: TensorFlow's headers)%s"
+         % (what, len(stale), len(sources), jobs, ", ccache on" if "ccache" in cxx[0] else ""))
+    done = []
+    lock = threading.Lock()
+
+    def compile_one(src):
+        obj = object_of(src, cxx, common)
+        cmd = cxx + common + ["-MMD", "-MF", obj + ".d", "-c", os.path.join(HERE, src),
+                              "-o", obj]
+        if verbose:
+            _say(" ".join(cmd))
+        t0 = time.monotonic()
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.stdout or proc.stderr:
+            _say(proc.stdout + proc.stderr)
+        if proc.returncode != 0:
+            raise SystemExit("tf_tpu_emb: compiling %s failed (exit %d)" % (src, proc.returncode))
+        with lock:
+            done.append(src)
+            _say("tf_tpu_emb: [%d/%d] %s (%.0f s)"
+                 % (len(done), len(stale), src, time.monotonic() - t0))
+
+    if stale:
+        with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+            list(pool.map(compile_one, stale))
+    return [object_of(src, cxx, common) for src in sources]
+
+
 class TFBuildExt(build_ext):
     def get_ext_filename(self, ext_name):
         return os.path.join(*ext_name.split(".")) + ".so"
 
     def build_extension(self, ext):
         cxx, common, lflags, info = compiler_and_flags()
-        # Objects live per tree and per flag set, so a rebuild compiles only
-        # the translation units whose source or headers changed (their -MMD
-        # dependency files say which), whoever calls the build: `make build`,
-        # pip's editable install or build_ext --inplace.
-        flags_key = hashlib.sha256(json.dumps(cxx + common).encode()).hexdigest()[:12]
-        objdir = os.path.join(HERE, "build", "objs", flags_key)
-        os.makedirs(objdir, exist_ok=True)
-        verbose = os.environ.get("TF_TPU_EMB_BUILD_VERBOSE", "0") != "0"
-
-        def obj_of(src):
-            return os.path.join(objdir, src.replace(os.sep, "_") + ".o")
-
-        stale = [src for src in ext.sources if not _up_to_date(obj_of(src))]
-        jobs = max(1, min(len(stale), os.cpu_count() or 1))
-        _say("tf_tpu_emb: building the op library against TensorFlow %s: %d of %d C++ "
-             "files to compile, %d at a time (about 10-20 s each: TensorFlow's headers)%s"
-             % (info["version"], len(stale), len(ext.sources), jobs,
-                ", ccache on" if "ccache" in cxx[0] else ""))
         started = time.monotonic()
-        done = []
-        lock = threading.Lock()
-
-        def compile_one(src):
-            obj = obj_of(src)
-            cmd = cxx + common + ["-MMD", "-MF", obj + ".d", "-c", os.path.join(HERE, src),
-                                  "-o", obj]
-            if verbose:
-                _say(" ".join(cmd))
-            t0 = time.monotonic()
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.stdout or proc.stderr:
-                _say(proc.stdout + proc.stderr)
-            if proc.returncode != 0:
-                raise SystemExit("tf_tpu_emb: compiling %s failed (exit %d)"
-                                 % (src, proc.returncode))
-            with lock:
-                done.append(src)
-                _say("tf_tpu_emb: [%d/%d] %s (%.0f s)"
-                     % (len(done), len(stale), src, time.monotonic() - t0))
-
-        if stale:
-            with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-                list(pool.map(compile_one, stale))
-        objs = [obj_of(src) for src in ext.sources]
+        objs = compile_objects(ext.sources, cxx, common, "the op library against TensorFlow "
+                               + info["version"])
         target = self.get_ext_fullpath(ext.name)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         link = (cxx + ["-shared"] + (SANITIZE_FLAGS if sanitizing() else []) + objs + ["-o", target] + lflags
                 + ["-Wl,--no-undefined"])
-        if verbose:
+        if os.environ.get("TF_TPU_EMB_BUILD_VERBOSE", "0") != "0":
             _say(" ".join(link))
         subprocess.run(link, check=True)
         _say("tf_tpu_emb: linked %s in %.0f s" % (os.path.relpath(target, HERE),

@@ -1,10 +1,12 @@
 """Builds (and with --run, runs) the C++ unit tests of tests/cpp.
 
 Two translation units -- core_test.cc (core/, header-only) and
-engine_test.cc (engine/, its .cc files compiled in as one unity build) --
-compiled with the op library's own compiler and flags (setup.py's
-compiler_and_flags: TensorFlow's tf.sysconfig flags, its headers as
--isystem, ccache when present) and linked against the installed TensorFlow.
+engine_test.cc (engine/) -- compiled with the op library's own compiler and
+flags (setup.py's compiler_and_flags: TensorFlow's tf.sysconfig flags, its
+headers as -isystem, ccache when present) and linked with the engine's object
+files (the library's own, setup.py's compile_objects: shared with the library
+build of the same flags, compiled only when stale) against the installed
+TensorFlow.
 
     python tests/cpp/build.py [--run] [--out DIR]
 
@@ -12,7 +14,6 @@ Prints the binary's path (and with --run its output; the exit status is the
 binary's).  tests/cpp/test_cpp_units.py runs it under pytest.
 """
 import argparse
-import concurrent.futures
 import importlib.util
 import os
 import subprocess
@@ -38,15 +39,9 @@ def build(out=DEFAULT_OUT):
     # An ASan/UBSan build (TF_TPU_EMB_SANITIZE=1) links the sanitizer runtimes too.
     san = setup_module.SANITIZE_FLAGS if setup_module.sanitizing() else []
     os.makedirs(out, exist_ok=True)
-
-    def compile_one(src):
-        obj = os.path.join(out, src + ".o")
-        cmd = cxx + common + ["-c", os.path.join(HERE, src), "-o", obj]
-        subprocess.run(cmd, check=True)
-        return obj
-
-    with concurrent.futures.ThreadPoolExecutor(len(SOURCES)) as pool:
-        objs = list(pool.map(compile_one, SOURCES))
+    engine = [s for s in setup_module.SOURCES if s.startswith("engine" + os.sep)]
+    tests = [os.path.join("tests", "cpp", src) for src in SOURCES]
+    objs = setup_module.compile_objects(engine + tests, cxx, common, "the C++ unit tests")
     binary = os.path.join(out, "unit_tests")
     link = cxx + san + objs + ["-o", binary] + lflags + [
         "-Wl,--no-undefined", "-Wl,-rpath," + info["libdir"], "-lpthread"]

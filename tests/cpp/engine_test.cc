@@ -1,8 +1,8 @@
 // Unit tests of engine/: the StepBarrier, an input mapper, the forward
 // lookup, the backward step and the shard copy, on tiny tables whose
 // expected values are computed by hand (docs/tpu_embedding_semantics.md).
-// The engine's translation units are compiled into this one (a unity
-// build: one compile for the whole engine, see tests/cpp/build.py).
+// Linked with the engine's object files of the library build (the same
+// flags; see tests/cpp/build.py), so only this file compiles here.
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -12,13 +12,10 @@
 #include <thread>
 #include <vector>
 
-#include "engine/apply.cc"          // NOLINT(build/include)
-#include "engine/engine.cc"         // NOLINT(build/include)
-#include "engine/feature_batch_mapper.cc"  // NOLINT(build/include)
-#include "engine/input_mappers.cc"  // NOLINT(build/include)
-#include "engine/lookup.cc"         // NOLINT(build/include)
-#include "engine/step.cc"           // NOLINT(build/include)
-#include "engine/table.cc"          // NOLINT(build/include)
+#include "engine/engine.h"
+#include "engine/input_mappers.h"
+#include "engine/step_barrier.h"
+#include "engine/table.h"
 #include "tests/cpp/unit.h"
 
 namespace tf_tpu_emb {
