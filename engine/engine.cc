@@ -81,6 +81,40 @@ void Engine::Shutdown(const std::string& name) {
   }
 }
 
+void Engine::InterruptAllWaits(const std::string& reason) {
+  std::vector<EnginePtr> engines;
+  {
+    std::lock_guard<std::mutex> lock(g_registry_mu);
+    for (auto& entry : Registry()) {
+      entry.second->Ref();
+      engines.emplace_back(entry.second);
+    }
+  }
+  for (auto& engine : engines) engine->InterruptWaits(reason);
+}
+
+void Engine::CloseWaits(double grace_seconds) {
+  WaitsClosing& closing = WaitsClosing::Get();
+  const auto deadline = DeadlineTimer::Clock::now() +
+                        std::chrono::duration_cast<DeadlineTimer::Clock::duration>(
+                            std::chrono::duration<double>(grace_seconds));
+  closing.grace_seconds = grace_seconds;
+  closing.deadline = deadline.time_since_epoch().count();
+  closing.closing = true;
+  std::vector<EnginePtr> engines;
+  {
+    std::lock_guard<std::mutex> lock(g_registry_mu);
+    for (auto& entry : Registry()) {
+      entry.second->Ref();
+      engines.emplace_back(entry.second);
+    }
+  }
+  for (auto& engine : engines) {
+    std::lock_guard<std::mutex> lock(engine->queue_mu_);
+    engine->step_barrier_.Shorten(deadline);
+  }
+}
+
 int64_t Engine::LiveStateBytes() { return g_live_state_bytes.load(); }
 
 Engine::~Engine() { g_live_state_bytes -= state_bytes_; }

@@ -156,6 +156,17 @@ class Engine : public ::tensorflow::ResourceBase {
   void AbortStep(const std::string& reason);
   // Ends every wait of this engine with Cancelled(reason).
   void CancelWaits(const std::string& reason);
+  // Ends the waits present now with Cancelled(reason); later ones wait.
+  void InterruptWaits(const std::string& reason);
+  // Ends the present waits of every engine of the process (engine/step.cc's
+  // SIGINT watcher, the Python side when the main thread exits).
+  static void InterruptAllWaits(const std::string& reason);
+  // From now on no wait of any engine lasts more than `grace_seconds`
+  // (step_barrier.h's WaitsClosing: the program's main thread has finished).
+  static void CloseWaits(double grace_seconds);
+  // Whether a Recv on `replica` has something to wait for: a batch queued
+  // for it, or the error of an aborted step it must report.
+  bool HasPendingBatch(int replica);
 
   // The fused multi-output lookup: out[o] is float[positions_o * dim_o].
   void Lookup(const Batch& batch, const std::vector<float*>& out,

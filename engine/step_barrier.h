@@ -2,9 +2,11 @@
 // yet (nothing enqueued for its replica, or the previous step not applied)
 // leaves a waiter here and returns its thread; the engine resumes it when
 // the condition holds.  No wait outlasts the timeout (README "Waits":
-// TF_TPU_EMB_STEP_TIMEOUT_SECONDS, default 600 s) and ShutdownTPUEmbedding
-// cancels every present and future wait at once.  One process-wide
-// DeadlineTimer thread serves the timeouts of every waiter of every engine.
+// TF_TPU_EMB_STEP_TIMEOUT_SECONDS, default 60 s), ShutdownTPUEmbedding
+// cancels every present and future wait at once, and Interrupt ends the
+// present ones (Ctrl-C, the main thread's exit: engine/step.cc).  One
+// process-wide DeadlineTimer thread serves the timeouts of every waiter of
+// every engine; ActiveWaits() counts the waiters of every engine.
 //
 // Exactly once: a waiter is resumed by whoever claims it first (the engine
 // handing it a payload, the timer, Cancel); each claim is one atomic
@@ -12,6 +14,7 @@
 #ifndef TF_TPU_EMB_ENGINE_STEP_BARRIER_H_
 #define TF_TPU_EMB_ENGINE_STEP_BARRIER_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -99,6 +102,31 @@ class DeadlineTimer {
   bool started_ = false;
 };
 
+// Waiters not yet resumed, over every engine of the process (read by the
+// SIGINT handler: async-signal-safe, lock-free).
+inline std::atomic<int>& ActiveWaits() {
+  static std::atomic<int> count{0};
+  return count;
+}
+
+// Once the program's main thread has finished (tf_tpu_emb/waits.py), no wait
+// lasts past `deadline`: a Recv left waiting in a non-daemon thread must not
+// hold the process until its timeout, while the short waits of a training
+// thread that outlives the main thread (replicas handing a step over) go on.
+struct WaitsClosing {
+  std::atomic<bool> closing{false};
+  std::atomic<DeadlineTimer::Clock::rep> deadline{0};  // time_since_epoch ticks
+  double grace_seconds = 0;
+
+  static WaitsClosing& Get() {
+    static WaitsClosing* state = new WaitsClosing();
+    return *state;
+  }
+  DeadlineTimer::Clock::time_point Deadline() const {
+    return DeadlineTimer::Clock::time_point(DeadlineTimer::Clock::duration(deadline.load()));
+  }
+};
+
 // The waiters of one engine, keyed by replica.  `Payload` is what a waiter
 // is handed when its condition holds (Recv: its replica's batch).  Every
 // member except the constructor runs with the engine's mutex `mu` held.
@@ -106,7 +134,10 @@ template <typename Payload>
 class StepBarrier {
  public:
   static constexpr char kTimeoutVariable[] = "TF_TPU_EMB_STEP_TIMEOUT_SECONDS";
-  static constexpr double kDefaultTimeoutSeconds = 600;
+  // Long enough for any step of a healthy program on CPU, short enough for a
+  // person at a notebook; programs that legitimately wait longer (a worker
+  // that pauses to evaluate while others wait on its Sends) raise it.
+  static constexpr double kDefaultTimeoutSeconds = 60;
   // One day: longer waits are a hang, not a slow replica.
   static constexpr double kMaxTimeoutSeconds = 86400;
 
@@ -156,10 +187,14 @@ class StepBarrier {
     w->resume = std::move(resume);
     w->waiting = std::move(waiting);
     std::list<std::shared_ptr<Waiter>> node{w};  // allocated before anything is registered
-    const auto deadline = DeadlineTimer::Clock::now() +
-                          std::chrono::duration_cast<DeadlineTimer::Clock::duration>(
-                              std::chrono::duration<double>(timeout_seconds_));
+    auto deadline = DeadlineTimer::Clock::now() +
+                    std::chrono::duration_cast<DeadlineTimer::Clock::duration>(
+                        std::chrono::duration<double>(timeout_seconds_));
+    if (WaitsClosing::Get().closing.load()) {
+      deadline = std::min(deadline, WaitsClosing::Get().Deadline());
+    }
     // The engine outlives an unclaimed waiter: its resume holds a reference.
+    ActiveWaits().fetch_add(1);
     w->timer = DeadlineTimer::Get().Add(deadline, [this, w] { Expire(w); });
     waiters_.splice(waiters_.end(), node);
     return true;
@@ -180,6 +215,7 @@ class StepBarrier {
       if (w->key != key || w->claimed.exchange(true)) continue;  // the timer's
       waiters_.erase(it);
       DeadlineTimer::Get().Remove(w->timer);
+      ActiveWaits().fetch_sub(1);
       return std::move(w->resume);
     }
     return nullptr;
@@ -190,19 +226,21 @@ class StepBarrier {
   std::vector<std::pair<Resume, absl::Status>> Cancel(const std::string& reason) {
     if (!cancelled_) reason_ = reason;
     cancelled_ = true;
-    std::vector<std::pair<Resume, absl::Status>> out;
-    for (auto it = waiters_.begin(); it != waiters_.end();) {
-      std::shared_ptr<Waiter> w = *it;
-      if (w->claimed.exchange(true)) {  // the timer's: it removes it
-        ++it;
-        continue;
-      }
-      it = waiters_.erase(it);
-      DeadlineTimer::Get().Remove(w->timer);
-      out.emplace_back(std::move(w->resume),
-                       absl::CancelledError(absl::StrCat(reason_, "; ", w->waiting())));
+    return ClaimAll(reason_);
+  }
+  // No present wait lasts past `deadline` (WaitsClosing).
+  void Shorten(DeadlineTimer::Clock::time_point deadline) {
+    for (const auto& w : waiters_) {
+      if (w->claimed.load() || w->timer.first <= deadline) continue;
+      DeadlineTimer::Get().Remove(w->timer);  // if it fired meanwhile, Expire finds it claimed
+      w->timer = DeadlineTimer::Get().Add(deadline, [this, w] { Expire(w); });
     }
-    return out;
+  }
+
+  // Ends the present waits only, with Cancelled(reason); later waits wait
+  // as usual.
+  std::vector<std::pair<Resume, absl::Status>> Interrupt(const std::string& reason) {
+    return ClaimAll(reason);
   }
   bool cancelled() const { return cancelled_; }
 
@@ -215,16 +253,38 @@ class StepBarrier {
     std::atomic<bool> claimed{false};
   };
 
+  std::vector<std::pair<Resume, absl::Status>> ClaimAll(const std::string& reason) {
+    std::vector<std::pair<Resume, absl::Status>> out;
+    for (auto it = waiters_.begin(); it != waiters_.end();) {
+      std::shared_ptr<Waiter> w = *it;
+      if (w->claimed.exchange(true)) {  // the timer's: it removes it
+        ++it;
+        continue;
+      }
+      it = waiters_.erase(it);
+      DeadlineTimer::Get().Remove(w->timer);
+      ActiveWaits().fetch_sub(1);
+      out.emplace_back(std::move(w->resume),
+                       absl::CancelledError(absl::StrCat(reason, "; ", w->waiting())));
+    }
+    return out;
+  }
+
   // On the timer's thread.
   void Expire(const std::shared_ptr<Waiter>& w) {
     if (w->claimed.exchange(true)) return;  // handed over or cancelled first
+    ActiveWaits().fetch_sub(1);
     absl::Status status;
     {
       std::lock_guard<std::mutex> lock(*mu_);
       waiters_.remove(w);
-      status = absl::DeadlineExceededError(absl::StrCat(
-          w->waiting(), " (timed out after ", timeout_seconds_, " s; ", kTimeoutVariable,
-          " sets the limit)"));
+      const WaitsClosing& closing = WaitsClosing::Get();
+      status = absl::DeadlineExceededError(
+          closing.closing.load() && w->timer.first >= closing.Deadline()
+              ? absl::StrCat(w->waiting(), " (ended ", closing.grace_seconds,
+                             " s after the program's main thread finished)")
+              : absl::StrCat(w->waiting(), " (timed out after ", timeout_seconds_, " s; ",
+                             kTimeoutVariable, " sets the limit)"));
     }
     Resume resume = std::move(w->resume);
     w->waiting = nullptr;

@@ -217,7 +217,34 @@ class SendOp : public OpKernel {
   const std::string op_;
 };
 
+// AssertTPUEmbeddingEnqueued: FailedPrecondition unless a Recv on this
+// device's replica has a batch (or an aborted step's error) to take.
+class AssertEnqueuedOp : public OpKernel {
+ public:
+  explicit AssertEnqueuedOp(OpKernelConstruction* ctx) : OpKernel(ctx), op_(BareOpName(ctx)) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("operation", &operation_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    EngineRef engine;
+    OP_REQUIRES_OK(ctx, engine.Acquire(ctx, op_));
+    const int replica = DeviceReplica(ctx);
+    OP_REQUIRES_OK(ctx, ReplicaInRange(op_, replica, *engine));
+    OP_REQUIRES(ctx, engine->HasPendingBatch(replica),
+                absl::FailedPreconditionError(absl::StrCat(
+                    operation_, " on replica ", replica,
+                    ": nothing is enqueued for this replica, so it would wait for a batch "
+                    "that never comes. Enqueue the step's ids first (enqueue() before "
+                    "dequeue(), as TF's TPU embedding requires).")));
+  }
+
+ private:
+  const std::string op_;
+  std::string operation_;
+};
+
 bool RegisterKernels() {
+  RegisterCpuKernel<AssertEnqueuedOp>("AssertTPUEmbeddingEnqueued", /*core=*/false);
   RegisterCpuKernel<RecvOp>("RecvTPUEmbeddingActivations");
   RegisterCpuKernel<SendOp>("SendTPUEmbeddingGradients");
   return true;

@@ -62,6 +62,16 @@ TTE_OP("RecvTPUEmbeddingActivations")
     .SetIsStateful()
     .SetShapeFn(RecvShapeFn);
 
+// Ours: fails at once (FailedPrecondition) when a Recv on this device's
+// replica would have nothing to wait for -- no batch enqueued for it.  The
+// mid-level API runs it before a dequeue() that no enqueue() of the same
+// step precedes, so the mistake gets an error instead of a wait.
+TTE_OP("AssertTPUEmbeddingEnqueued")
+    .Attr("operation: string = 'RecvTPUEmbeddingActivations'")
+    .Attr(kEngineAttr)
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs);
+
 TTE_OP("TPUEmbeddingActivations")
     .Input("embedding_variable: float32")
     .Input("sliced_activations: float32")

@@ -69,6 +69,9 @@ def load_library():
         # Any graph with the op can now be built: make it differentiable.
         from tf_tpu_emb import activation_gradient  # pylint: disable=import-outside-toplevel
         activation_gradient.register(PREFIX + "TPUEmbeddingActivations")
+        # Ctrl-C and the main thread's end reach a waiting Recv.
+        from tf_tpu_emb import waits  # pylint: disable=import-outside-toplevel
+        waits.install(path)
         _module = module
         return _module
 

@@ -75,6 +75,26 @@ def _under_tpu_strategy():
                                  tf.distribute.experimental.TPUStrategy))
 
 
+# The graphs (tf.function traces, TF1 graphs) holding an enqueue, per engine:
+# a dequeue built in one of them, or in a graph nested in one, follows its
+# step's enqueue; any other dequeue first asserts that a batch is there.
+_ENQUEUED_IN = weakref.WeakKeyDictionary()  # graph -> {engine name}
+
+
+def _note_enqueue(engine):
+    if not tf.executing_eagerly():
+        _ENQUEUED_IN.setdefault(tf.compat.v1.get_default_graph(), set()).add(engine)
+
+
+def _enqueued_in_this_step(engine):
+    graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+    while graph is not None:
+        if engine in _ENQUEUED_IN.get(graph, ()):
+            return True
+        graph = getattr(graph, "outer_graph", None)
+    return False
+
+
 class _HostVariable(resource_variable_ops.ResourceVariable):
     """A table's host variable.  When a checkpoint restores it (eagerly) it
     calls ``on_restore`` so that the owner reloads the table into the
@@ -657,6 +677,7 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         if self._sharded is not None:
             return self._sharded.enqueue(indices, values, weights, mode,
                                          self._engine_replica(device_ordinal), name=name)
+        _note_enqueue(self._engine)
         if dynamic:
             return ops.dynamic_enqueue_tpu_embedding_arbitrary_tensor_batch(
                 indices, values, weights, device_ordinal, combiners=combiners,
@@ -681,9 +702,14 @@ class TPUEmbedding(autotrackable.AutoTrackable):
             outputs = self._sharded.recv(len(self._flat_features),
                                          self._engine_replica(self._replica_id()), name=name)
         else:
-            outputs = ops.recv_tpu_embedding_activations(
-                num_outputs=len(self._flat_features), config=self._config, engine=self._engine,
-                name=name)
+            # A dequeue that no enqueue of its step precedes fails at once
+            # when nothing is enqueued, instead of waiting (README "Waits").
+            checks = [] if _enqueued_in_this_step(self._engine) else [
+                ops.assert_tpu_embedding_enqueued("TPUEmbedding.dequeue()", engine=self._engine)]
+            with tf.control_dependencies(checks):
+                outputs = ops.recv_tpu_embedding_activations(
+                    num_outputs=len(self._flat_features), config=self._config,
+                    engine=self._engine, name=name)
         return nest.pack_sequence_as(self._feature_config, outputs)
 
     def apply_gradients(self, gradients, name=None):

@@ -47,7 +47,7 @@ CORE_OP_NAMES = (
 #: Ops that exist only in this library: the engine shutdown, and per-table
 #: Load/Retrieve ops for optimizers TF moves only with the *All* ops.
 EXTRA_OP_NAMES = ("ShutdownTPUEmbedding", "ConfigureTPUEmbeddingHostShard", "EmbeddingBag",
-                  "EmbeddingBagGrad") + tuple(
+                  "EmbeddingBagGrad", "AssertTPUEmbeddingEnqueued") + tuple(
     n for o, n in zip(OPTIMIZERS * 2, _table_op_names("Load") + _table_op_names("Retrieve"))
     if not o.core_has_table_ops)
 
@@ -216,6 +216,15 @@ def shutdown_tpu_embedding(engine="", name=None):
     """Destroys the embedding engine called ``engine`` (its tables are lost:
     retrieve them first); its memory goes with the last op using it."""
     return _gen("ShutdownTPUEmbedding")(engine=engine, name=name)
+
+
+def assert_tpu_embedding_enqueued(operation="RecvTPUEmbeddingActivations", engine="",
+                                  name=None):
+    """Fails at once (``FailedPrecondition`` naming ``operation``) unless a
+    Recv on this device's replica has a batch to take: what a ``dequeue()``
+    that no ``enqueue()`` of its step precedes runs first, instead of
+    waiting for a batch that never comes."""
+    return _gen("AssertTPUEmbeddingEnqueued")(operation=operation, engine=engine, name=name)
 
 
 # ------------------------------------------------------- fused embedding bag

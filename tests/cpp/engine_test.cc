@@ -71,6 +71,64 @@ TEST(StepBarrierCancelEndsTheWait) {
   EXPECT_TRUE(!barrier.HasWaiter(1));
 }
 
+// Ctrl-C (engine/step.cc): Interrupt ends the waits present now, and later
+// waits wait as usual; ActiveWaits (what the SIGINT handler reads) counts
+// every registered waiter until it is claimed.
+TEST(StepBarrierInterruptEndsOnlyPresentWaits) {
+  std::mutex mu;
+  StepBarrier<int> barrier(&mu);
+  Resumed resumed;
+  absl::Status status;
+  const int before = ActiveWaits().load();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ASSERT_TRUE(barrier.Wait(0, resumed.Callback(), [] { return "waiting for r0"; }, &status));
+  }
+  EXPECT_EQ(ActiveWaits().load(), before + 1);
+  std::vector<std::pair<StepBarrier<int>::Resume, absl::Status>> interrupted;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    interrupted = barrier.Interrupt("interrupted (SIGINT)");
+  }
+  EXPECT_EQ(ActiveWaits().load(), before);
+  ASSERT_EQ(interrupted.size(), size_t{1});
+  interrupted[0].first(interrupted[0].second, 0);
+  EXPECT_ERROR(resumed.calls[0].first, Code::kCancelled, "interrupted (SIGINT); waiting for r0");
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ASSERT_TRUE(barrier.Wait(0, resumed.Callback(), [] { return "again"; }, &status));
+    EXPECT_TRUE(barrier.HasWaiter(0));
+  }
+  StepBarrier<int>::Resume next;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    next = barrier.Take(0);
+  }
+  ASSERT_TRUE(next != nullptr);
+  next(absl::OkStatus(), 7);
+  ASSERT_EQ(resumed.calls.size(), size_t{2});
+  EXPECT_TRUE(resumed.calls[1].first.ok() && resumed.calls[1].second == 7);
+  EXPECT_EQ(ActiveWaits().load(), before);
+}
+
+// Shorten brings a long wait's deadline forward (the main thread finished).
+TEST(StepBarrierShortenBringsTheDeadlineForward) {
+  std::mutex mu;
+  StepBarrier<int> barrier(&mu);
+  barrier.set_timeout_seconds(3600);
+  Resumed resumed;
+  absl::Status status;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ASSERT_TRUE(barrier.Wait(2, resumed.Callback(), [] { return "waiting for r2"; }, &status));
+    barrier.Shorten(DeadlineTimer::Clock::now() + std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(resumed.WaitFor(1));
+  EXPECT_ERROR(resumed.calls[0].first, Code::kDeadlineExceeded, "waiting for r2");
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_TRUE(!barrier.HasWaiter(2));
+}
+
 TEST(StepBarrierTimesOut) {
   std::mutex mu;
   StepBarrier<int> barrier(&mu);
