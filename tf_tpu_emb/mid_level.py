@@ -114,9 +114,13 @@ class _HostVariable(resource_variable_ops.ResourceVariable):
 
 def _plain_variable(initial_value, name, trainable):
     """A host variable that never becomes a distributed one, whatever
-    strategy scope is active (ResourceVariable bypasses the creator stack)."""
+    strategy scope is active (ResourceVariable bypasses the creator stack).
+    It records that strategy as the one it was created under, so that a Keras
+    optimizer creating slots for it (TFRS's translated optimizers) accepts it."""
+    strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
     with tf.init_scope(), tf.device("/CPU:0"):
-        return _HostVariable(initial_value=initial_value, name=name, trainable=trainable)
+        return _HostVariable(initial_value=initial_value, name=name, trainable=trainable,
+                             distribute_strategy=strategy)
 
 
 def _flatten_shapes(shapes):

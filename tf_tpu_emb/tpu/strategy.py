@@ -34,6 +34,7 @@ import weakref
 
 import tensorflow as tf
 from tensorflow.python.distribute import distribute_lib
+from tensorflow.python.distribute import distribute_utils
 from tensorflow.python.distribute import mirrored_strategy
 from tensorflow.python.distribute import tpu_strategy
 from tensorflow.python.distribute.cluster_resolver.tpu import tpu_cluster_resolver
@@ -132,6 +133,13 @@ class _Extended(mirrored_strategy.MirroredExtended):
         self.tf_tpu_emb_system = system  # read by tf_tpu_emb.TPUEmbedding (one embedding per system)
         self._tpu_cluster_resolver = resolver
         self._device_assignment = None   # no model parallelism: one logical device per replica
+
+    def _validate_colocate_with_variable(self, colocate_with_variable):
+        # TPUExtended's rule, not MirroredExtended's: any variable created under
+        # this strategy -- the TPU embedding's host tables included, whose
+        # slots a Keras optimizer colocates with them (TFRS's translated
+        # optimizers) -- not only distributed ones.
+        distribute_utils.validate_colocate(colocate_with_variable, self)
 
     @property
     def tpu_hardware_feature(self):
