@@ -538,8 +538,8 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         outside it, per-replica (distributed) inputs are enqueued to every
         replica, ``device`` names the one replica plain inputs go to (TF maps
         a TPU device to its core; here a replica's CPU device, or ``/TPU:k``
-        for replica k), and plain inputs without ``device`` need a
-        single-replica strategy.  ``training`` is a Python or tensor bool
+        for replica k), and plain inputs without ``device`` go to every
+        replica, as TF's do.  ``training`` is a Python or tensor bool
         (False: an inference batch, which no ``apply_gradients`` may follow).
         ``name`` names the op; on TPU it tags the enqueue for the TPU
         compiler instead.  TPU-only in TF, and not done here: the check that
@@ -555,10 +555,18 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         # Inside strategy.run of a (non-default) strategy: a replica context.
         in_replica_fn = tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context()
         distributed = any(isinstance(x, tf.distribute.DistributedValues) for x in flat_inputs)
-        if distributed:
-            per_replica = [self._strategy.experimental_local_results(x) for x in flat_inputs]
-            per_replica_w = [self._strategy.experimental_local_results(w) if w is not None
-                             else [None] * self._num_replicas for w in flat_weights]
+        # Plain inputs outside strategy.run with several replicas go to every
+        # replica, as TF's enqueue does (distribute_utils.select_replica).
+        every_replica = not in_replica_fn and device is None and self._num_replicas > 1
+
+        def local(x):
+            if isinstance(x, tf.distribute.DistributedValues):
+                return self._strategy.experimental_local_results(x)
+            return [x] * self._num_replicas
+
+        if distributed or every_replica:
+            per_replica = [local(x) for x in flat_inputs]
+            per_replica_w = [local(w) for w in flat_weights]
             devices = self._strategy.extended.worker_devices
             enqueues = []
             for r in range(self._num_replicas):
@@ -578,12 +586,6 @@ class TPUEmbedding(autotrackable.AutoTrackable):
             replica = self._replica_of_device(device)
             with tf.device(self._replica_devices()[replica]):
                 return self._enqueue_op(flat_inputs, flat_weights, training, replica, name)
-        if self._num_replicas > 1:
-            raise ValueError(
-                "With {} replicas, enqueue needs per-replica inputs (from "
-                "strategy.experimental_distribute_dataset or "
-                "distribute_values_from_function), a device= naming the replica, or "
-                "must be called inside strategy.run.".format(self._num_replicas))
         return self._enqueue_op(flat_inputs, flat_weights, training, 0, name)
 
     def _replica_of_device(self, device):
