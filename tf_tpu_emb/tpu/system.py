@@ -61,6 +61,7 @@ class TPUSystem:
         self.devices = tuple("/job:localhost/replica:0/task:0/device:CPU:%d" % k
                              for k in range(replicas))
         self.initialized = False
+        self.embeddings_built = 0  # TPU embeddings configured on this system (for reports)
 
     # ---------------------------------------------------------- what TPU code reads
 
@@ -107,4 +108,5 @@ class TPUSystem:
         if (self.engine in engine_registry.engines()
                 or bool(ops.is_tpu_embedding_initialized(engine=self.engine))):
             raise RuntimeError(ALREADY_INITIALIZED)
+        self.embeddings_built += 1
         return self.engine
