@@ -11,7 +11,7 @@ SRCS    = $(wildcard ops/*.cc engine/*.cc kernels/*.cc core/*.h engine/*.h kerne
 PYTEST_ARGS ?=
 
 .PHONY: all venv build test cpp-test demo movielens bench bench-peers bazel-check bazel-install clean fuzz sanitize \
-        test-tf test-tfio package-check
+        test-tf test-tfio package-check clients-venv test-clients
 
 all: build
 
@@ -152,3 +152,33 @@ clean:
 package-check: venv
 	$(PIP) install -q build
 	bash tools/package_check.sh $(CURDIR)/$(PY) $(CURDIR)/build/package-check
+
+# ----------------------------------------------------------------------------
+# The client lane (README "Running TPU programs unchanged"): the TPU-embedding
+# libraries at their published releases in $(CLIENTS_VENV), which shares this
+# venv's TensorFlow through a .pth file (pip never replaces it:
+# tf-models-official is installed with --no-deps plus the few packages its
+# ranking task needs; tools/clients_check.py checks TF's version and pip
+# check).  `make test-clients` runs tests/clients (marked `clients`; skipped
+# where the venv is absent): each client's TPU path on the engine against the
+# numpy optimizer reference and MirroredStrategy, Model Garden's own
+# train_test.py TPU cases and its train.py DLRM-DCN-v2 under the runner.
+CLIENTS_VENV ?= .venv-clients
+CLIENTS_REQ   = tensorflow-recommenders==0.7.7 tf-keras==2.21.0 keras-rs==0.4.0 \
+                tf-models-official==2.20.0
+CLIENTS_DEPS  = pyyaml==6.0.4 gin-config==0.5.0 tensorflow-datasets==4.9.10 tensorboard==2.21.0
+CLIENTS_PYTEST ?= -q -p no:cacheprovider
+$(CLIENTS_VENV)/.deps: Makefile tools/clients_check.py $(VENV)/.deps
+	rm -rf $(CLIENTS_VENV) && $(PYTHON) -m venv $(CLIENTS_VENV)
+	$(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > \
+	  "$$($(CLIENTS_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz_shared_tensorflow.pth"
+	$(CLIENTS_VENV)/bin/python -m pip install -q --no-deps $(CLIENTS_REQ)
+	$(CLIENTS_VENV)/bin/python -m pip install -q $(CLIENTS_DEPS)
+	$(CLIENTS_VENV)/bin/python tools/clients_check.py 2.21.0 \
+	  "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+	touch $@
+
+clients-venv: $(CLIENTS_VENV)/.deps
+
+test-clients: build clients-venv
+	cd $(CURDIR) && $(VENV)/bin/pytest $(CLIENTS_PYTEST) -m clients tests/clients $(PYTEST_ARGS)

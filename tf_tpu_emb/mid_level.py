@@ -56,6 +56,8 @@ import tensorflow as tf
 from tensorflow.core.protobuf.tpu import tpu_embedding_configuration_pb2 as config_pb2
 from tensorflow.python.ops import resource_variable_ops
 from tensorflow.python.saved_model import registration
+from tensorflow.python.distribute import tpu_strategy
+from tensorflow.python.tpu import tpu_embedding_v2
 from tensorflow.python.tpu import tpu_embedding_v2_utils
 from tensorflow.python.trackable import autotrackable
 from tensorflow.python.util import nest
@@ -65,14 +67,27 @@ from tf_tpu_emb import layout as layout_lib
 from tf_tpu_emb import ops
 from tf_tpu_emb import optimizers as optimizers_lib
 from tf_tpu_emb import send as send_lib
+from tf_tpu_emb import table_views
 
 _logger = logging.getLogger(__name__)
 
 
+# TF's own class, held privately: the public name
+# tf.tpu.experimental.embedding.TPUEmbedding is this class under the CPU
+# stand-in for the TPU system (tf_tpu_emb.tpu), and __new__ must not recurse.
+_TF_TPU_EMBEDDING = tpu_embedding_v2.TPUEmbedding
+
+
+def _tpu_system(strategy):
+    """The CPU stand-in's TPU system (``tf_tpu_emb.tpu``) `strategy` runs on, or None."""
+    return getattr(strategy.extended, "tf_tpu_emb_system", None)
+
+
 def _under_tpu_strategy():
+    """A real TPU strategy (TF's classes, not the CPU stand-in)."""
     strategy = tf.distribute.get_strategy()
-    return isinstance(strategy, (tf.distribute.TPUStrategy,
-                                 tf.distribute.experimental.TPUStrategy))
+    return (isinstance(strategy, (tpu_strategy.TPUStrategyV2, tpu_strategy.TPUStrategy))
+            and _tpu_system(strategy) is None)
 
 
 # The graphs (tf.function traces, TF1 graphs) holding an enqueue, per engine:
@@ -104,6 +119,12 @@ class _HostVariable(resource_variable_ops.ResourceVariable):
 
     on_restore = None
 
+    @property
+    def variables(self):
+        """The shards of the table state as TF's TPU variables list them (TF's
+        tests read ``.variables[0]``): one, the whole table."""
+        return [self]
+
     def _restore_from_tensors(self, restored_tensors):
         result = super()._restore_from_tensors(restored_tensors)
         if self.on_restore is not None and tf.executing_eagerly():
@@ -113,9 +134,13 @@ class _HostVariable(resource_variable_ops.ResourceVariable):
 
 def _plain_variable(initial_value, name, trainable):
     """A host variable that never becomes a distributed one, whatever
-    strategy scope is active (ResourceVariable bypasses the creator stack)."""
+    strategy scope is active (ResourceVariable bypasses the creator stack).
+    It records that strategy as the one it was created under, so that a Keras
+    optimizer creating slots for it (TFRS's translated optimizers) accepts it."""
+    strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
     with tf.init_scope(), tf.device("/CPU:0"):
-        return _HostVariable(initial_value=initial_value, name=name, trainable=trainable)
+        return _HostVariable(initial_value=initial_value, name=name, trainable=trainable,
+                             distribute_strategy=strategy)
 
 
 def _flatten_shapes(shapes):
@@ -157,8 +182,8 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                 pipeline_execution_with_tensor_core=False, **cluster_options):
         if _under_tpu_strategy():
             # A real TPU: TF's own implementation drives the hardware.
-            return tf.tpu.experimental.embedding.TPUEmbedding(
-                feature_config, optimizer, pipeline_execution_with_tensor_core)
+            return _TF_TPU_EMBEDDING(feature_config, optimizer,
+                                     pipeline_execution_with_tensor_core)
         return super().__new__(cls)
 
     def __init__(self, feature_config, optimizer,
@@ -239,7 +264,8 @@ class TPUEmbedding(autotrackable.AutoTrackable):
 
     @property
     def embedding_tables(self):
-        """``{TableConfig: parameters variable}``, retrieved from the engine.
+        """``{TableConfig: parameters variable}``, retrieved from the engine
+        (also indexed by table name: a per-shard view, see ``table_views``).
 
         As TF's class off TPU, this works before ``build`` too: it creates the
         host variables (initialised, or restored from a checkpoint restored
@@ -249,7 +275,9 @@ class TPUEmbedding(autotrackable.AutoTrackable):
             self._retrieve_variables()
         else:
             self._ensure_variables()
-        return {t: self._variables[t.name]["parameters"] for t in self._table_config}
+        return table_views.EmbeddingTables(
+            {t: self._variables[t.name]["parameters"] for t in self._table_config},
+            num_shards=self._num_replicas)
 
     # ------------------------------------------------------------------ build
 
@@ -305,6 +333,14 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                     "fully defined. Please specify the fully defined shape in either "
                     "FeatureConfig or for the build method.")
         with tf.init_scope():
+            system = _tpu_system(self._strategy)
+            if system is not None:  # one TPU embedding per (stand-in) TPU system
+                self._engine_name = system.embedding_engine()
+            # Variables a learning-rate callable creates on first use (Keras'
+            # optimizer.iterations behind a schedule) are created now, not
+            # inside the first traced step.
+            for fn in self._dynamic_inputs:
+                fn()
             self._config = self._create_config_proto().SerializeToString()
             self._configure()
             try:
@@ -330,7 +366,8 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         per process": other TPUEmbedding objects and the default engine are
         untouched), or (``cluster=``) every host's default engine."""
         if self._cluster is None:
-            self._engine = self._engine_name or engine_registry.new_name()
+            self._engine = (self._engine_name if self._engine_name is not None
+                            else engine_registry.new_name())
             ops.configure_tpu_embedding(self._config, engine=self._engine)
             engine_registry.claim(self, self._engine)
             return
@@ -431,8 +468,14 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                     getter=getter, trainable=trainable)
 
             parameters = creator(table.name, table.initializer, trainable=False)
-            slots = self._optimizer_of(table)._create_slots(  # pylint: disable=protected-access
-                parameters, lambda name, init, t=table: creator(t.name + "/" + name, init, False))
+            # Slots a user's slot_variable_creation_fn makes with tf.Variable
+            # become host variables too (as TF's creator scope makes them TPU
+            # variables on a TPU), not variables of the active strategy.
+            with tf.variable_creator_scope(lambda _, **kw: _plain_variable(
+                    kw["initial_value"], kw.get("name"), kw.get("trainable", False))):
+                slots = self._optimizer_of(table)._create_slots(  # pylint: disable=protected-access
+                    parameters, lambda name, init, t=table: creator(t.name + "/" + name, init,
+                                                                    False))
             slots["parameters"] = parameters
             variables[table.name] = slots
             owner = weakref.ref(self)
@@ -515,8 +558,8 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         outside it, per-replica (distributed) inputs are enqueued to every
         replica, ``device`` names the one replica plain inputs go to (TF maps
         a TPU device to its core; here a replica's CPU device, or ``/TPU:k``
-        for replica k), and plain inputs without ``device`` need a
-        single-replica strategy.  ``training`` is a Python or tensor bool
+        for replica k), and plain inputs without ``device`` go to every
+        replica, as TF's do.  ``training`` is a Python or tensor bool
         (False: an inference batch, which no ``apply_gradients`` may follow).
         ``name`` names the op; on TPU it tags the enqueue for the TPU
         compiler instead.  TPU-only in TF, and not done here: the check that
@@ -532,10 +575,18 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         # Inside strategy.run of a (non-default) strategy: a replica context.
         in_replica_fn = tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context()
         distributed = any(isinstance(x, tf.distribute.DistributedValues) for x in flat_inputs)
-        if distributed:
-            per_replica = [self._strategy.experimental_local_results(x) for x in flat_inputs]
-            per_replica_w = [self._strategy.experimental_local_results(w) if w is not None
-                             else [None] * self._num_replicas for w in flat_weights]
+        # Plain inputs outside strategy.run with several replicas go to every
+        # replica, as TF's enqueue does (distribute_utils.select_replica).
+        every_replica = not in_replica_fn and device is None and self._num_replicas > 1
+
+        def local(x):
+            if isinstance(x, tf.distribute.DistributedValues):
+                return self._strategy.experimental_local_results(x)
+            return [x] * self._num_replicas
+
+        if distributed or every_replica:
+            per_replica = [local(x) for x in flat_inputs]
+            per_replica_w = [local(w) for w in flat_weights]
             devices = self._strategy.extended.worker_devices
             enqueues = []
             for r in range(self._num_replicas):
@@ -555,12 +606,6 @@ class TPUEmbedding(autotrackable.AutoTrackable):
             replica = self._replica_of_device(device)
             with tf.device(self._replica_devices()[replica]):
                 return self._enqueue_op(flat_inputs, flat_weights, training, replica, name)
-        if self._num_replicas > 1:
-            raise ValueError(
-                "With {} replicas, enqueue needs per-replica inputs (from "
-                "strategy.experimental_distribute_dataset or "
-                "distribute_values_from_function), a device= naming the replica, or "
-                "must be called inside strategy.run.".format(self._num_replicas))
         return self._enqueue_op(flat_inputs, flat_weights, training, 0, name)
 
     def _replica_of_device(self, device):

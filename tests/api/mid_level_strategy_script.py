@@ -56,20 +56,21 @@ def train(strategy, name):
 
 
 def check_plain_inputs_refused(strategy):
-    """With R > 1 a plain (non-distributed) enqueue outside strategy.run is
-    ambiguous and refused; nothing is enqueued."""
+    """With R > 1 a plain (non-distributed) enqueue outside strategy.run goes
+    to every replica, as TF's enqueue does (distribute_utils.select_replica):
+    each replica dequeues the same batch."""
     with strategy.scope():
         fc, _ = mc.make_feature_config(mc.GLOBAL_BATCH // R)
         embedding = tf_tpu_emb.TPUEmbedding(fc, mc.optimizer_case("sgd")[0])
     try:
         embedding.build(per_replica_batch_size=mc.GLOBAL_BATCH // R)
         features, weights = mc.to_tensors(mc.make_batch(np.random.default_rng(99), mc.GLOBAL_BATCH // R))
-        try:
-            embedding.enqueue(features, weights)
-        except ValueError as e:
-            assert "needs per-replica inputs" in str(e), str(e)
-        else:
-            raise AssertionError("plain inputs with %d replicas were accepted" % R)
+        embedding.enqueue(features, weights, training=False)
+        out = strategy.run(lambda: tf.nest.flatten(embedding.dequeue()))
+        per_replica = [strategy.experimental_local_results(o) for o in out]
+        for values in per_replica:
+            for v in values[1:]:
+                np.testing.assert_array_equal(v.numpy(), values[0].numpy())
     finally:
         embedding.shutdown()
 

@@ -608,3 +608,23 @@ def test_serving_export_of_stock_ops(tmp_path):
     np.testing.assert_allclose(got["sig/output_0"], expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got["lookup/output_0"], expected, rtol=1e-5, atol=1e-6)
     assert sorted(got["tables"]) == ["t1", "t2"]
+
+
+def test_training_none_never_silently_skips_training():
+    """training=None: Keras' learning phase decides (fit passes True); a call
+    nobody told under a recording GradientTape raises instead of looking up
+    in inference mode (which would leave the tables unchanged, silently)."""
+    model, layer = make_model()
+    features, labels = next(iter(dataset()))
+    before = tables_of(layer)["ta"]["parameters"].copy()
+    model(features)                                     # no tape: a lookup, nothing to train
+    with tf.GradientTape():
+        with pytest.raises(ValueError, match="training=None under a recording GradientTape"):
+            model(features)
+    np.testing.assert_array_equal(tables_of(layer)["ta"]["parameters"], before)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean((model(features, training=True) - labels) ** 2)
+    tape.gradient(loss, model.trainable_weights)      # the Send runs with the gradient
+    assert np.any(tables_of(layer)["ta"]["parameters"] != before)
+    model.fit(dataset(), epochs=1, verbose=0)          # fit says training=True
+    layer.release()

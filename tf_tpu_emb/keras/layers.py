@@ -16,8 +16,10 @@ features and dequeues their activations (one step of the engine):
   zero (SGD, Adam, weight decay of a zero weight, ... all keep 0); their value
   is never used.  A layer with ``trainable = False`` enqueues in inference
   mode and sends nothing.
-* **Inference** (``predict``, ``evaluate``, ``training=False``/None):
-  ``"inference"`` mode, no Send, no bookkeeping by the user.
+* **Inference** (``predict``, ``evaluate``, ``training=False``, or ``None``
+  outside a ``GradientTape``): ``"inference"`` mode, no Send, no bookkeeping by
+  the user.  ``training=None`` under a recording tape raises: the layer
+  cannot tell whether the step trains, and never silently skips training.
 * **Batch size.**  The engine's activations have a fixed per-replica batch.
   It comes from ``batch_size`` (the *global* batch; divided by the number of
   replicas of the strategy), else from the static batch dimension of the first
@@ -93,6 +95,7 @@ import re
 
 import keras
 import tensorflow as tf
+from tensorflow.python.eager import record
 from tensorflow.python.ops import resource_variable_ops
 from tensorflow.python.tpu import tpu_embedding_v2_utils as v2_utils
 from tensorflow.python.util import nest
@@ -470,7 +473,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
                 for x, dims in zip(flat_x, self._output_dims(flat_x))])
         flat_x, flat_w = inputs_lib.dense_bags_to_sparse(flat_x, flat_w)
         pack = lambda xs: nest.pack_sequence_as(st.feature_config, xs)  # noqa: E731
-        train = inputs_lib.as_bool(training) and self.trainable
+        train = self._training_mode(training)
         replicas = self._num_replicas()
         in_replica = tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context()
         cross_replica = (replicas > 1 and not in_replica and
@@ -506,6 +509,21 @@ class TPUEmbeddingLayer(keras.layers.Layer):
         if self.compute_dtype != "float32":
             outputs = [tf.cast(a, self.compute_dtype) for a in outputs]
         return pack(outputs)
+
+    def _training_mode(self, training):
+        """Whether this call trains.  Keras passes its learning phase down
+        (``fit``: True, ``evaluate``/``predict``: False, an outer call's
+        ``training``); ``None`` means nobody said.  Then no gradient can reach
+        the tables unless a ``GradientTape`` is recording -- and under a tape
+        the layer cannot tell a training step from, e.g., an input-gradient
+        computation, so it raises rather than silently never training."""
+        if training is None and record.could_possibly_record() and self.trainable:
+            raise ValueError(
+                "TPUEmbeddingLayer '%s' was called with training=None under a recording "
+                "GradientTape: pass training=True for a training step (the engine then "
+                "applies the tables' optimizer) or training=False for a lookup only."
+                % self.name)
+        return inputs_lib.as_bool(training) and self.trainable
 
     def _pad(self, flat_x, flat_w, batch, train):
         """Pads a smaller batch to the engine's with empty rows; returns the inputs

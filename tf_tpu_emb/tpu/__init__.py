@@ -1,0 +1,17 @@
+"""A CPU stand-in for the TPU system: TPU programs, unchanged, on the engine.
+
+``tf_tpu_emb.tpu.install(replicas=N)`` (or ``python -m tf_tpu_emb.run
+--replicas N SCRIPT``) puts a TPU system of N CPU replicas behind
+TensorFlow's public TPU names: ``TPUClusterResolver`` (any ``tpu``),
+``experimental_connect_to_cluster``, ``initialize_tpu_system`` /
+``shutdown_tpu_system``, ``tf.distribute.TPUStrategy`` (and the
+``experimental`` one) and ``tf.tpu.experimental.embedding.TPUEmbedding``,
+which builds ``tf_tpu_emb.TPUEmbedding``.  README "Running TPU programs
+unchanged" tells what it stands in for and what it cannot be.
+
+Modules: ``system`` (the TPU system and its rules), ``strategy`` (resolver
+and strategy), ``install`` (rebinding TF's public names).
+"""
+from tf_tpu_emb.tpu.install import install, installed, uninstall
+
+__all__ = ["install", "installed", "uninstall"]
