@@ -1,5 +1,5 @@
 # Two set-up-and-go commands on a fresh machine (Python 3.11 + g++):
-#   make test   - virtualenv, TensorFlow, build, run the test suite
+#   make test   - virtualenv, TensorFlow, build, run the test suite (default lane)
 #   make demo   - the same set-up, then the main job
 #   make movielens - the same set-up, then the rating job on MovieLens-100k
 PYTHON ?= python3
@@ -10,7 +10,7 @@ TF_REQ ?= tensorflow-cpu==2.21.0
 SRCS    = $(wildcard ops/*.cc engine/*.cc kernels/*.cc core/*.h engine/*.h kernels/*.h) setup.py
 PYTEST_ARGS ?=
 
-.PHONY: all venv build test cpp-test demo movielens bench bench-peers bazel-check bazel-install clean fuzz sanitize \
+.PHONY: all venv build test test-quick test-all cpp-test demo movielens bench bench-peers bazel-check bazel-install clean fuzz sanitize \
         test-tf test-tfio package-check clients-venv test-clients
 
 all: build
@@ -18,7 +18,7 @@ all: build
 $(VENV)/.deps: Makefile
 	@echo "== $(VENV): a virtualenv with $(TF_REQ), numpy, pytest, matplotlib (pip; about 600 MB on a first download)"
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q "setuptools>=64" wheel $(TF_REQ) numpy pytest matplotlib
+	$(PIP) install -q "setuptools>=64" wheel $(TF_REQ) numpy pytest pytest-xdist==3.8.0 matplotlib
 	touch $@
 
 venv: $(VENV)/.deps
@@ -34,10 +34,28 @@ $(VENV)/.built: $(VENV)/.deps $(SRCS)
 
 build: $(VENV)/.built
 
-# The suite includes the C++ unit tests (tests/cpp/test_cpp_units.py builds
-# and runs them); `make cpp-test` runs only those.
+# Test tiers (README "Tests and CI lanes"; markers in pyproject.toml): the
+# default lane is every test but the `slow` ones (soak, stress: the sanitizer
+# lane runs them) and the `clients` ones (the client lane), on PYTEST_JOBS
+# pytest-xdist workers (a test file stays on one worker: module fixtures such
+# as a loopback cluster are shared by its tests).  It includes the C++ unit
+# tests (tests/cpp/test_cpp_units.py builds and runs them; `make cpp-test`
+# runs only those).  `make test-quick`: no child processes, servers, demos
+# or compiles either (`system`), for a fast edit-test loop; `make test-all`:
+# everything but the client lane.
+PYTEST_JOBS  ?= 2
+XDIST         = -n $(PYTEST_JOBS) --dist loadfile
+DURATIONS     = --durations=15
+DEFAULT_LANE  = not slow and not clients
 test: build
-	cd $(CURDIR) && $(VENV)/bin/pytest -q $(PYTEST_ARGS)
+	cd $(CURDIR) && $(VENV)/bin/pytest -q $(XDIST) $(DURATIONS) -m "$(DEFAULT_LANE)" $(PYTEST_ARGS)
+
+test-quick: build
+	cd $(CURDIR) && $(VENV)/bin/pytest -q $(XDIST) -m "not slow and not system and not clients" \
+	  $(PYTEST_ARGS)
+
+test-all: build
+	cd $(CURDIR) && $(VENV)/bin/pytest -q $(XDIST) $(DURATIONS) -m "not clients" $(PYTEST_ARGS)
 
 cpp-test: build
 	$(PY) tests/cpp/build.py --run
@@ -100,7 +118,10 @@ SAN_ENV    = LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-
              ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:allocator_may_return_null=1:detect_odr_violation=0 \
              UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
              PYTHONPATH=$(SAN_TREE) TF_TPU_EMB_FUZZ_TIMEOUT=120
-SAN_PYTEST ?= -q -x -p no:cacheprovider
+# The sanitizer lane runs what C++ runs under: the engine, op, C++ unit,
+# fuzz and cluster tests, the `slow` soak/stress ones among them included.
+SAN_TESTS  ?= tests/engine tests/ops tests/cpp tests/fuzz tests/cluster
+SAN_PYTEST ?= -q -x -p no:cacheprovider $(XDIST) $(DURATIONS) -m "not clients" $(SAN_TESTS)
 sanitize: venv
 	rm -rf $(SAN_TREE) && mkdir -p $(SAN_TREE)
 	$(COPY_TREE) $(SAN_TREE)
@@ -124,11 +145,16 @@ LANE_VENV  ?= .venv-tf216
 LANE_REQ   ?= $(TFIO_REQ)
 LANE_PY     = $(CURDIR)/$(LANE_VENV)/bin/python
 LANE_TREE   = $(CURDIR)/build/lanes/$(notdir $(LANE_VENV))
-LANE_PYTEST ?= -q -p no:cacheprovider
+# The old-TF lane runs what differs by TensorFlow version (`tf_version`:
+# op definitions and shape functions against TF's registry, the version
+# guards, serving, Parquet through tensorflow-io, the mid-level API, Keras,
+# forward and optimizer numerics); the build itself is the other half.
+LANE_PYTEST ?= -q -p no:cacheprovider $(XDIST) $(DURATIONS) -m tf_version
 
 $(LANE_VENV)/.deps: Makefile
 	$(PYTHON) -m venv $(LANE_VENV)
-	$(LANE_PY) -m pip install -q "setuptools>=64" wheel $(LANE_REQ) pytest matplotlib
+	$(LANE_PY) -m pip install -q "setuptools>=64" wheel $(LANE_REQ) pytest pytest-xdist==3.8.0 \
+	  matplotlib
 	touch $@
 
 test-tf: $(LANE_VENV)/.deps
@@ -167,7 +193,7 @@ CLIENTS_VENV ?= .venv-clients
 CLIENTS_REQ   = tensorflow-recommenders==0.7.7 tf-keras==2.21.0 keras-rs==0.4.0 \
                 tf-models-official==2.20.0
 CLIENTS_DEPS  = pyyaml==6.0.4 gin-config==0.5.0 tensorflow-datasets==4.9.10 tensorboard==2.21.0
-CLIENTS_PYTEST ?= -q -p no:cacheprovider
+CLIENTS_PYTEST ?= -q -p no:cacheprovider $(DURATIONS)
 $(CLIENTS_VENV)/.deps: Makefile tools/clients_check.py $(VENV)/.deps
 	rm -rf $(CLIENTS_VENV) && $(PYTHON) -m venv $(CLIENTS_VENV)
 	$(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > \

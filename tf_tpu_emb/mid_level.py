@@ -67,6 +67,7 @@ from tf_tpu_emb import layout as layout_lib
 from tf_tpu_emb import ops
 from tf_tpu_emb import optimizers as optimizers_lib
 from tf_tpu_emb import send as send_lib
+from tf_tpu_emb import structure
 from tf_tpu_emb import table_views
 
 _logger = logging.getLogger(__name__)
@@ -428,12 +429,12 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                 table, optimizer=self._optimizer_of(table),
                 learning_rate_index=self._dynamic_inputs,
                 table_descriptor=config.table_descriptor.add())
-        for feature, shape in zip(self._flat_features, self._output_shapes):
-            descriptor = config.feature_descriptor.add(
+        for path, feature, shape in zip(self._paths, self._flat_features, self._output_shapes):
+            # The engine names a feature in its errors by the descriptor's
+            # name: the user's key path ("user/friends").
+            config.feature_descriptor.add(
                 table_id=self._table_config.index(feature.table),
-                input_shape=shape.as_list())
-            if feature.name:
-                descriptor.name = feature.name
+                input_shape=shape.as_list(), name=path)
         config.mode = config_pb2.TPUEmbeddingConfiguration.TRAINING
         config.num_hosts = 1 if self._cluster is None else self._cluster.num_hosts
         config.num_tensor_cores = self._engine_replicas
@@ -566,10 +567,10 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         inputs are not on a TPU device, and the outside-compilation rewrite of
         an enqueue inside a TPU replica function.
         """
-        nest.assert_same_structure(self._feature_config, features)
+        structure.assert_same_structure(self._feature_config, features, "enqueue(features)")
         flat_weights = [None] * len(self._flat_features)
         if weights is not None:
-            nest.assert_same_structure(self._feature_config, weights)
+            structure.assert_same_structure(self._feature_config, weights, "enqueue(weights)")
             flat_weights = nest.flatten(weights)
         flat_inputs = nest.flatten(features)
         # Inside strategy.run of a (non-default) strategy: a replica context.
@@ -768,7 +769,8 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                 "apply_gradients called on a TPUEmbedding created with optimizer=None "
                 "(tables {} have no optimizer: the serving-only form, without slot "
                 "variables). Pass an optimizer to train.".format(no_optimizer))
-        nest.assert_same_structure(self._feature_config, gradients)
+        structure.assert_same_structure(self._feature_config, gradients,
+                                        "apply_gradients(gradients)")
         updated = []
         for (path, gradient), feature in zip(nest.flatten_with_joined_string_paths(gradients),
                                              self._layout.features):

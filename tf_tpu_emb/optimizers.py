@@ -33,6 +33,7 @@ import collections.abc
 import copy
 import math
 import numbers
+import warnings
 
 import numpy as np
 from tensorflow.core.protobuf.tpu import optimization_parameters_pb2 as _op_pb2
@@ -135,6 +136,13 @@ def _check_common(learning_rate, values):
             (_is_number(learning_rate) and math.isfinite(float(learning_rate)))):
         raise ValueError("Argument `learning_rate` must be a float or a callable "
                          "taking no arguments. Received: %r" % (learning_rate,))
+    if not callable(learning_rate) and learning_rate < 0:
+        raise ValueError("Argument `learning_rate` must be >= 0 (a negative rate moves the "
+                         "table up the gradient). Received: %r" % (learning_rate,))
+    decay = values["weight_decay_factor"]
+    if _is_number(decay) and decay < 0:
+        raise ValueError("Argument `weight_decay_factor` must be >= 0 (a negative factor "
+                         "grows the weights). Received: %r" % (decay,))
     if not _is_bool(values["use_gradient_accumulation"]):
         raise ValueError("Argument `use_gradient_accumulation` must be a bool. "
                          "Received: %r" % (values["use_gradient_accumulation"],))
@@ -417,6 +425,70 @@ def dynamic_input_fns(optimizer):
     return [lr] if callable(lr) else []
 
 
+class HyperParameterWarning(UserWarning):
+    """A hyper-parameter that TF's optimizer class accepts but that can hardly
+    be right (a negative learning rate, an inverted clipping range, ...): the
+    engine trains with it as given, and says so once per build."""
+
+
+_COMMON_NUMBERS = ("clip_weight_min", "clip_weight_max", "weight_decay_factor",
+                   "clip_gradient_min", "clip_gradient_max")
+
+
+def check_hyper_parameters(optimizer, table):
+    """Checks `optimizer`'s hyper-parameters for table `table` before they go
+    into the table's config, naming the table, the class and the field.
+
+    Our classes check theirs at construction (ValueError); TF's accept more.
+    For them a value that is not a number (``learning_rate="0.1"``) is a
+    ValueError here, and a number that can hardly be right -- a negative
+    learning rate or weight decay, a clipping range whose min is above its max,
+    a value outside the range our class for the algorithm accepts -- a
+    :class:`HyperParameterWarning`.
+    """
+    where = "table %r: %s" % (table, type(optimizer).__name__)
+    lr = getattr(optimizer, "learning_rate", None)
+    if not (callable(lr) or _is_number(lr)):
+        raise ValueError("%s: `learning_rate` must be a number or a callable taking no "
+                         "arguments; got %r (%s)" % (where, lr, type(lr).__name__))
+    for arg in _COMMON_NUMBERS:
+        v = getattr(optimizer, arg, None)
+        if v is not None and not _is_number(v):
+            raise ValueError("%s: `%s` must be None or a number; got %r (%s)"
+                             % (where, arg, v, type(v).__name__))
+    info = info_of(optimizer)
+    hypers = [] if info is None else [h for h in info.hypers if h.kind == "float"]
+    for h in hypers:
+        v = getattr(optimizer, h.arg, None)
+        if v is not None and not _is_number(v):
+            raise ValueError("%s: `%s` must be a number; got %r (%s)"
+                             % (where, h.arg, v, type(v).__name__))
+    if isinstance(optimizer, EmbeddingOptimizer):
+        return  # checked in full at construction
+    doubts = []
+    if _is_number(lr) and lr < 0:
+        doubts.append("`learning_rate` is %r: a negative rate moves the table up the "
+                      "gradient" % (lr,))
+    decay = getattr(optimizer, "weight_decay_factor", None)
+    if _is_number(decay) and decay < 0:
+        doubts.append("`weight_decay_factor` is %r: a negative factor grows the weights"
+                      % (decay,))
+    for lo_arg, hi_arg, name in (("clip_gradient_min", "clip_gradient_max", "clipvalue"),
+                                 ("clip_weight_min", "clip_weight_max", "clip_weight")):
+        lo, hi = getattr(optimizer, lo_arg, None), getattr(optimizer, hi_arg, None)
+        if _is_number(lo) and _is_number(hi) and lo > hi:
+            doubts.append("`%s` (min, max) is (%r, %r): min > max, so every value is "
+                          "clipped to one end" % (name, lo, hi))
+    for h in hypers:
+        v = getattr(optimizer, h.arg, None)
+        if _is_number(v) and h.check is not None and not h.check.ok(v):
+            doubts.append("`%s` is %r: it %s" % (h.arg, v, h.check.requirement))
+    if doubts:
+        warnings.warn("%s: %s. TF's class accepts this, so the engine trains with it as "
+                      "given." % (where, "; ".join(doubts)), HyperParameterWarning,
+                      stacklevel=3)
+
+
 def table_descriptor_for(table_config, table_name=None, optimizer=None,
                          learning_rate_index=None, *, num_hosts=1,
                          table_descriptor=None):
@@ -457,6 +529,7 @@ def table_descriptor_for(table_config, table_name=None, optimizer=None,
         raise ValueError("%s is an unsupported optimizer class (table %r). Pass an "
                          "instance of one of tf.tpu.experimental.embedding's optimizer "
                          "classes or of tf_tpu_emb's." % (type(optimizer), name))
+    check_hyper_parameters(optimizer, name)
     info = info_of(optimizer)
     if info is not None and info.proto_field == "frequency_estimator" and table_config.dim != 1:
         raise ValueError("FrequencyEstimator tables should only have a dimension of 1. "
@@ -487,6 +560,7 @@ def table_descriptor_for(table_config, table_name=None, optimizer=None,
 
 
 __all__ = ["OPTIMIZERS", "BY_PROTO_FIELD", "BY_TF_CLASS", "OptimizerInfo", "Hyper", "Check",
+           "HyperParameterWarning", "check_hyper_parameters",
            "CrossCheck", "REQUIRED", "EmbeddingOptimizer", "CLASSES", "fix_tf_optimizer",
            "is_tf_optimizer", "info_of", "dynamic_input_fns", "table_descriptor_for"
            ] + list(CLASSES)

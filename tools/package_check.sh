@@ -55,7 +55,7 @@ import os, sys, tf_tpu_emb
 assert tf_tpu_emb.__file__.startswith(sys.argv[1]), tf_tpu_emb.__file__
 print("tf_tpu_emb", tf_tpu_emb.__version__, "from", os.path.dirname(tf_tpu_emb.__file__))
 PYEOF
-"$OUT/venv/bin/python" -m pytest -q -p no:cacheprovider ${PACKAGE_CHECK_TESTS:-tests/c_api \
+"$OUT/venv/bin/python" -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=15 ${PACKAGE_CHECK_TESTS:-tests/c_api \
   tests/packaging tests/api/test_loader.py tests/api/test_gradients.py \
   tests/engine/test_forward.py tests/engine/test_optimizers.py tests/keras/test_keras_layer.py}
 echo "package-check: OK ($SDIST, $WHEEL)"

@@ -241,6 +241,7 @@ def test_gradient_is_registered_for_the_prefixed_op(lib):
     assert fn.__module__ == "tf_tpu_emb.activation_gradient"
 
 
+@pytest.mark.system
 def test_importing_the_package_loads_no_tensorflow():
     """`import tf_tpu_emb` is light (the command lines answer before TF loads);
     the public names import on first access, the library loads on first use."""
@@ -831,6 +832,7 @@ print("OK")
 '''
 
 
+@pytest.mark.system
 def test_multi_replica_sends_go_to_their_replica():
     """Two replicas (logical CPUs, so a fresh process): each replica's
     hook_step sends from its Recv's device even when tape.gradient runs

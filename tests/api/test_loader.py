@@ -12,7 +12,10 @@ from tf_tpu_emb import _loader
 from tf_tpu_emb import ops as tte_ops
 import harness  # tests/common: the one way to start a child process
 
+pytestmark = pytest.mark.tf_version
 
+
+@pytest.mark.system
 def test_import_does_not_load_library():
     code = (
         "import tf_tpu_emb, tf_tpu_emb.ops, tf_tpu_emb.optimizers\n"

@@ -38,6 +38,8 @@ from tf_tpu_emb import ops as tte_ops
 import mid_level_common as mc  # noqa: E402
 import harness  # tests/common: the one way to start a child process
 
+pytestmark = pytest.mark.tf_version
+
 E = tf.tpu.experimental.embedding
 B = mc.GLOBAL_BATCH
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -350,7 +352,7 @@ def test_build_rules():
         proto = pb.TPUEmbeddingConfiguration.FromString(config)
         shapes = {f.name: list(f.input_shape) for f in proto.feature_descriptor}
         assert shapes == {"friends": [B], "liked": [B], "pair": [B // 2, 2],
-                          "history": [B, mc.SEQ_L], "watched": [B]}
+                          "seq/history": [B, mc.SEQ_L], "watched": [B]}
         # Tables in order of first use in tf.nest order (friends comes first).
         assert [t.name for t in proto.table_descriptor] == ["user", "video"]
         assert proto.num_tensor_cores == 1

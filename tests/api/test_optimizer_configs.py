@@ -30,6 +30,8 @@ import tf_tpu_emb
 from tf_tpu_emb import ops as tte_ops
 from tf_tpu_emb import optimizers as O
 
+pytestmark = pytest.mark.tf_version
+
 E = tf.tpu.experimental.embedding
 Params = optimization_parameters_pb2.OptimizationParameters
 TableDescriptor = eu.Config.TableDescriptor

@@ -25,7 +25,7 @@ TABLES = {"video": (10, 4, "sum"), "user": (7, 3, "mean")}  # vocab, dim, combin
 FEATURES = {"watched": "video", "friends": "user"}
 WEIGHTED = ("watched",)
 
-pytestmark = pytest.mark.usefixtures("lib")
+pytestmark = [pytest.mark.tf_version, pytest.mark.usefixtures("lib")]
 
 
 def _log(rng, n):

@@ -4,6 +4,8 @@ its TPU version."""
 import pathlib
 import re
 
+import pytest
+
 import harness  # tests/common: the one way to start a child process
 
 ROOT = pathlib.Path(harness.ROOT)
@@ -36,6 +38,7 @@ def test_readme_diff_is_the_example():
     assert "MirroredStrategy" not in text
 
 
+@pytest.mark.system
 def test_example_runs(tmp_path):
     proc = harness.run_python([str(EXAMPLE), str(tmp_path)], timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), harness.describe(

@@ -18,6 +18,8 @@ from tf_tpu_emb.serving import (NonStockOpError, assert_stock_ops, export_servin
                                 find_non_stock_ops)
 import harness  # tests/common: the one way to start a child process
 
+pytestmark = pytest.mark.tf_version
+
 E = tf.tpu.experimental.embedding
 B = 4
 SEQ_SPARSE_L = 3

@@ -39,7 +39,7 @@ TF_V2_SOURCE = inspect.getsource(tpu_embedding_v2)
 TF_V1_SOURCE = inspect.getsource(tpu_embedding_v1)
 
 
-pytestmark = pytest.mark.usefixtures("engine_released")
+pytestmark = [pytest.mark.tf_version, pytest.mark.usefixtures("engine_released")]
 
 
 def arange_init(shape, dtype=tf.float32):

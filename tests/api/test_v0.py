@@ -454,6 +454,7 @@ def test_surface_and_checkpoint_layout(tmp_path):
 
 # --------------------------------------------------------- MirroredStrategy
 
+@pytest.mark.system
 def test_mirrored_strategy_two_cpus():
     proc = harness.run_python([harness.common_script("v0_strategy_script.py"), "v0"],
                               timeout=300)

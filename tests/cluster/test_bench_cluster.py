@@ -7,7 +7,11 @@ full batch per host."""
 import importlib.util
 import os
 
+import pytest
+
 import harness
+
+pytestmark = pytest.mark.system  # child processes, servers or compilers
 
 BENCH = os.path.join(harness.ROOT, "benchmarks", "bench_cluster.py")
 

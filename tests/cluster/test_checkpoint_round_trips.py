@@ -16,6 +16,8 @@ from cluster import LoopbackCluster
 import tf_tpu_emb
 from sharded_case import B, OPTIMIZERS, TABLES, feature_config, make_case, state, stepper
 
+pytestmark = pytest.mark.system  # child processes, servers or compilers
+
 OPTIMIZER = "adagrad"
 
 

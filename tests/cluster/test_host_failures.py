@@ -19,6 +19,8 @@ from cluster import LoopbackCluster
 from tf_tpu_emb import ops
 from tf_tpu_emb.cluster import checkpoint as ckpt
 
+pytestmark = pytest.mark.system  # child processes, servers or compilers
+
 S, VOCAB, DIM, BATCH, LR = 2, 9, 4, 3, 0.5
 BAGS = [[[0, 3], [4], [1, 7, 8]], [[2], [5, 6], [3, 3]], [[8], [0, 1], [4, 7]],
         [[6, 2], [5], [0]], [[1], [2], [3]]]

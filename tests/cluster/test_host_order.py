@@ -23,8 +23,9 @@ from tf_tpu_emb import ops
 from tf_tpu_emb.cluster import ordering
 from sharded_case import B, clustered, make_case, stepper
 
-pytestmark = pytest.mark.skipif(not ordering.enabled(),
-                                reason="this TF has no ACD resource-resolver hook")
+pytestmark = [pytest.mark.system,
+              pytest.mark.skipif(not ordering.enabled(),
+                                 reason="this TF has no ACD resource-resolver hook")]
 
 
 def engine_ops(graph):

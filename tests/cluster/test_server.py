@@ -19,6 +19,8 @@ from tf_tpu_emb import server
 from tf_tpu_emb.cluster import EmbeddingHosts
 from tf_tpu_emb.cluster import hosts as hosts_mod
 
+pytestmark = pytest.mark.system  # child processes, servers or compilers
+
 EXIT_WAIT_S = 60  # bound on waiting for a server to exit by itself
 
 

@@ -23,6 +23,8 @@ import engine_util as eu
 from tf_tpu_emb import ops
 from tf_tpu_emb.cluster import routing
 
+pytestmark = pytest.mark.system  # child processes, servers or compilers
+
 B, L = 4, 3          # batch, sequence length
 OPTIMIZERS = ["stochastic_gradient_descent", "adagrad", "adam", "ftrl"]
 

@@ -31,6 +31,8 @@ import tf_tpu_emb
 from sharded_case import (B, STEPS, TABLES, OPTIMIZERS, clustered, concat, feature_config,
                           make_case, state, stepper)
 
+pytestmark = pytest.mark.system  # child processes, servers or compilers
+
 
 @pytest.fixture(scope="module")
 def hosts():

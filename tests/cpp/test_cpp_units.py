@@ -9,7 +9,11 @@ import os
 import re
 import subprocess
 
+import pytest
+
 import harness  # tests/common: the one way to start a child process
+
+pytestmark = pytest.mark.system  # child processes, servers or compilers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LAYERS = ("core", "engine", "kernels", "ops")

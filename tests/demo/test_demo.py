@@ -11,6 +11,8 @@ import math
 import pytest
 import harness  # tests/common: the one way to start a child process
 
+pytestmark = pytest.mark.system  # child processes, servers or compilers
+
 pytest.importorskip("matplotlib")
 
 

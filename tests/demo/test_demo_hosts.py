@@ -11,6 +11,8 @@ import socket
 import pytest
 import harness  # tests/common: the one way to start a child process
 
+pytestmark = pytest.mark.system  # child processes, servers or compilers
+
 pytest.importorskip("matplotlib")
 
 STEPS = ["--quick", "--steps", "40", "--eval-every", "20"]

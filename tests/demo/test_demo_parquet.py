@@ -9,6 +9,8 @@ import pytest
 import harness  # tests/common: the one way to start a child process
 import tf_features
 
+pytestmark = [pytest.mark.tf_version, pytest.mark.system]  # child processes
+
 tf_features.import_tfio_or_skip()
 pytest.importorskip("matplotlib")
 

@@ -298,6 +298,7 @@ print("tensorflow imported:", "tensorflow" in sys.modules)
 """
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("module, args, expect", [
     ("tf_tpu_emb.demo", ["--data", "movielens-100k", "--help"], ["--data-path", "--folds"]),
     ("tf_tpu_emb.demo", ["--help"], ["--max-vocab", "movielens-100k", "demo-quick"]),

@@ -6,6 +6,8 @@ import pytest
 import harness  # tests/common: the one way to start a child process
 import tf_features
 
+pytestmark = pytest.mark.system  # child processes, servers or compilers
+
 README = pathlib.Path(harness.ROOT) / "README.md"
 SNIPPETS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
 

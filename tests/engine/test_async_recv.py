@@ -197,6 +197,7 @@ def test_shutdown_cancels_a_waiting_recv_at_once():
         np.testing.assert_array_equal(_recv("core", config).numpy(), _want(table, [0, 1, 2, 3]))
 
 
+@pytest.mark.system
 def test_several_replicas_under_mirrored_strategy():
     """Core-named enqueue + Recv per replica in strategy.run without control
     dependencies; a Recv waiting on replica 1 is not woken by replica 0's

@@ -9,6 +9,8 @@ import pytest
 
 import harness
 
+pytestmark = pytest.mark.system  # child processes, servers or compilers
+
 BENCH = os.path.join(harness.ROOT, "benchmarks", "bench_steady.py")
 
 

@@ -21,7 +21,7 @@ import engine_util as eu
 from engine_util import FeatureSpec, TableSpec
 import harness  # tests/common: the one way to start a child process
 
-pytestmark = pytest.mark.usefixtures("lib")
+pytestmark = [pytest.mark.system, pytest.mark.usefixtures("lib")]
 
 # `make sanitize` preloads AddressSanitizer, whose own mappings die under the
 # address-space cap that the out-of-memory case relies on.

@@ -18,7 +18,7 @@ from engine_util import FeatureSpec, TableSpec
 from tf_tpu_emb import ops as tte_ops
 from tf_tpu_emb.optimizers import BY_PROTO_FIELD
 
-pytestmark = pytest.mark.usefixtures("lib")
+pytestmark = [pytest.mark.tf_version, pytest.mark.usefixtures("lib")]
 
 B = 4
 COMBINERS = ["sum", "mean", "sqrtn"]

@@ -2,7 +2,11 @@
 /CPU:k) feeds replica k and Recv on /CPU:k pops it.  TF's logical CPU devices
 can only be configured before its runtime starts, so the checks run in fresh
 processes (tests/engine/*_script.py, started through tests/common/harness.py)."""
+import pytest
+
 import harness  # tests/common: the one way to start a child process
+
+pytestmark = pytest.mark.system  # child processes, servers or compilers
 
 
 def _run_script(name):

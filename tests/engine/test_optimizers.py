@@ -36,7 +36,7 @@ from optimizer_reference import TableParams
 from tf_tpu_emb.optimizers import BY_PROTO_FIELD
 import harness  # tests/common: the one way to start a child process
 
-pytestmark = pytest.mark.usefixtures("lib")
+pytestmark = [pytest.mark.tf_version, pytest.mark.usefixtures("lib")]
 
 # float32 engine vs float64 reference after 3 steps.
 RTOL, ATOL = 1e-5, 1e-6
@@ -642,6 +642,7 @@ def test_large_batch_partitioned_update(accumulate):
 
 # ========================================================= 4: replicas
 
+@pytest.mark.system
 def test_one_vs_four_replicas():
     """Same global batch on 1 replica and on 4 (samples split contiguously;
     threads, one per replica): identical tables, both equal to the numpy

@@ -7,7 +7,11 @@ configure (12.5 MiB here) exceeds them many times over."""
 import json
 import os
 
+import pytest
+
 import harness  # tests/common: the one way to start a child process
+
+pytestmark = [pytest.mark.system, pytest.mark.slow]  # a child process, minutes
 
 TRAIN_GROWTH_MIB = 48     # after the first 1,000 steps
 CONFIGURE_GROWTH_MIB = 64  # after the first 100 cycles

@@ -16,6 +16,8 @@ import tf_features
 import tf_tpu_emb
 from tf_tpu_emb.optimizer_specs import BY_PROTO_FIELD
 
+pytestmark = pytest.mark.tf_version
+
 FAA = BY_PROTO_FIELD["frequency_aware_adagrad"]
 MANUAL_PARTITIONING_FIELD = 3  # SpmdSharding.use_manual_partitioning (core/config.h)
 

@@ -14,6 +14,8 @@ sys.path.insert(0, HERE)
 import families  # noqa: E402
 import runner  # noqa: E402
 
+pytestmark = pytest.mark.system  # child processes, servers or compilers
+
 QUICK_SEED = int(os.environ.get("TF_TPU_EMB_FUZZ_SEED", "20261123"))
 QUICK_CASES = int(os.environ.get("TF_TPU_EMB_FUZZ_QUICK_CASES", "25"))
 TIMEOUT = float(os.environ.get("TF_TPU_EMB_FUZZ_TIMEOUT", "60"))

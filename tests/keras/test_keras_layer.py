@@ -29,7 +29,7 @@ from tf_tpu_emb.serving import find_non_stock_ops
 import harness  # tests/common: the one way to start a child process
 
 # Keras warns that fit(shuffle=True) (its default) does not shuffle a tf.data.Dataset.
-pytestmark = pytest.mark.filterwarnings("ignore:`shuffle=True` was passed:UserWarning")
+pytestmark = [pytest.mark.tf_version, pytest.mark.filterwarnings("ignore:`shuffle=True` was passed:UserWarning")]
 
 E = tf.tpu.experimental.embedding
 TESTS = os.path.dirname(os.path.abspath(__file__))

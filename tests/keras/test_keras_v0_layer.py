@@ -218,6 +218,7 @@ def test_get_config_round_trip():
         config_lib.deserialize_optimizer({"module": "os", "class_name": "system", "config": {}})
 
 
+@pytest.mark.system
 def test_serving_export_runs_without_tf_tpu_emb(trained, tmp_path):
     model, _, data, _, _ = trained
     path = str(tmp_path / "served")
@@ -246,6 +247,7 @@ def test_serving_export_runs_without_tf_tpu_emb(trained, tmp_path):
     assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), harness.describe(proc)
 
 
+@pytest.mark.system
 def test_fit_under_mirrored_strategy_two_cpus():
     proc = harness.run_python([harness.common_script("v0_strategy_script.py"), "keras"],
                               timeout=300)

@@ -32,6 +32,7 @@ def test_generated_header_is_current(rel):
     assert got == want, ("%s is stale: run python tools/gen_optimizers.py" % rel)
 
 
+@pytest.mark.system
 def test_check_mode_reports_current_tree():
     """The script's --check mode (what CI can call) agrees with the diff above."""
     r = harness.run_python([os.path.join(ROOT, "tools", "gen_optimizers.py"), "--check"],

@@ -24,7 +24,7 @@ from tf_tpu_emb.optimizers import BY_PROTO_FIELD, OPTIMIZERS
 
 PREFIX = tte_ops.PREFIX
 
-pytestmark = pytest.mark.usefixtures("lib")
+pytestmark = [pytest.mark.tf_version, pytest.mark.usefixtures("lib")]
 
 ARG_FIELDS = ("name", "type", "type_attr", "number_attr", "type_list_attr", "is_ref")
 ATTR_FIELDS = ("name", "type", "has_minimum", "minimum")

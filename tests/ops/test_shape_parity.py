@@ -50,7 +50,7 @@ SPMD_FIELDS = Config.SpmdSharding.DESCRIPTOR.fields_by_name
 MAX_STATE_VARIABLES = 8
 GROUPS = ("parameters",) + tuple("auxiliary%d" % i for i in range(1, MAX_STATE_VARIABLES))
 
-pytestmark = pytest.mark.usefixtures("lib")
+pytestmark = [pytest.mark.tf_version, pytest.mark.usefixtures("lib")]
 
 # Config names -> reason, for parity bugs found and not yet fixed (xfail, strict).
 KNOWN_PARITY_BUGS = {}  # name -> reason; none known

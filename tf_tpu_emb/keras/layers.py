@@ -107,6 +107,7 @@ from tf_tpu_emb import mid_level
 from tf_tpu_emb import ops as ops_lib
 from tf_tpu_emb import optimizers as optimizers_lib
 from tf_tpu_emb import signatures as signatures_lib
+from tf_tpu_emb import structure
 from tf_tpu_emb.keras import config as config_lib
 from tf_tpu_emb.keras import inputs as inputs_lib
 from tf_tpu_emb.keras import mirrors as mirrors_lib
@@ -461,6 +462,11 @@ class TPUEmbeddingLayer(keras.layers.Layer):
 
     def call(self, features, weights=None, training=None):
         st = self._state
+        structure.assert_same_structure(st.feature_config, features, "the layer's features",
+                                        check_types=False)
+        if weights is not None:
+            structure.assert_same_structure(st.feature_config, weights, "the layer's weights",
+                                            check_types=False)
         flat_x = nest.flatten_up_to(st.feature_config, features)
         flat_w = (nest.flatten_up_to(st.feature_config, weights) if weights is not None
                   else [None] * len(flat_x))

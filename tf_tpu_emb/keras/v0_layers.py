@@ -37,6 +37,7 @@ from tensorflow.python.util import nest
 
 from tf_tpu_emb import layout as layout_lib
 from tf_tpu_emb import signatures as signatures_lib
+from tf_tpu_emb import structure
 from tf_tpu_emb.keras import config as config_lib
 from tf_tpu_emb.v0 import TPUEmbeddingV0
 
@@ -150,7 +151,7 @@ class TPUEmbeddingV0Layer(keras.layers.Layer):
         # Keras traces symbolic calls with dense placeholders for ragged
         # inputs, so the shapes follow TPUEmbeddingV0's rules here.
         del weights
-        nest.assert_same_structure(features, self.feature_config)
+        structure.assert_same_structure(self.feature_config, features, "the layer's inputs")
         specs = [keras.KerasTensor(self._output_shape(x, feature), dtype="float32")
                  for x, feature in zip(nest.flatten(features),
                                        nest.flatten(self.feature_config))]
