@@ -11,7 +11,7 @@ SRCS    = $(wildcard ops/*.cc engine/*.cc kernels/*.cc core/*.h engine/*.h kerne
 PYTEST_ARGS ?=
 
 .PHONY: all venv build test test-quick test-all cpp-test demo movielens bench bench-peers bazel-check bazel-install clean fuzz sanitize \
-        test-tf test-tfio package-check clients-venv test-clients
+        test-tf test-tfio lane-build tfio-build package-check clients-venv test-clients
 
 all: build
 
@@ -157,11 +157,19 @@ $(LANE_VENV)/.deps: Makefile
 	  matplotlib
 	touch $@
 
-test-tf: $(LANE_VENV)/.deps
+lane-build: $(LANE_VENV)/.deps
 	rm -rf $(LANE_TREE) && mkdir -p $(LANE_TREE)
 	$(COPY_TREE) $(LANE_TREE)
 	cd $(LANE_TREE) && $(LANE_PY) setup.py -q build_ext --inplace --build-temp $(LANE_TREE)/build/tmp
+
+test-tf: lane-build
 	cd $(LANE_TREE) && PYTHONPATH=$(LANE_TREE) $(CURDIR)/$(LANE_VENV)/bin/pytest $(LANE_PYTEST) $(PYTEST_ARGS)
+
+# `make tfio-build`: the TF 2.16 + tensorflow-io environment alone (README
+# "Reading Parquet with tensorflow-io": run programs there with
+# PYTHONPATH=build/lanes/.venv-tf216 .venv-tf216/bin/python ...).
+tfio-build:
+	$(MAKE) lane-build LANE_VENV=.venv-tf216 LANE_REQ='$(TFIO_REQ)'
 
 test-tfio:
 	$(MAKE) test-tf LANE_VENV=.venv-tf216 LANE_REQ='$(TFIO_REQ)'

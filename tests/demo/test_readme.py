@@ -25,3 +25,16 @@ def test_readme_snippet_runs(index, tmp_path):
     result = harness.run_python([str(script)], timeout=300, cwd=str(tmp_path))
     assert result.returncode == 0, "README snippet %d failed:\n%s\n%s" % (
         index, SNIPPETS[index], result.stderr[-3000:])
+
+
+def test_parquet_section_says_what_it_needs_before_the_code():
+    """The requirements (and the command that runs the example in their
+    environment) come before the example, and the Makefile target exists."""
+    text = README.read_text()
+    section = text[text.index("### Reading Parquet with tensorflow-io"):]
+    needs, code = section.index("**What it needs.**"), section.index("```python")
+    assert needs < code
+    assert "make tfio-build" in section[needs:code]
+    assert "PYTHONPATH=build/lanes/.venv-tf216 .venv-tf216/bin/python" in section[needs:code]
+    makefile = (pathlib.Path(harness.ROOT) / "Makefile").read_text()
+    assert re.search(r"^tfio-build:", makefile, re.M)
