@@ -27,7 +27,7 @@ _PUBLIC = {
     "library_path": ("tf_tpu_emb._loader", "library_path"),
 }
 # The optimizer classes TF's Python API lacks (tf_tpu_emb.optimizers.CLASSES;
-# tests/api/test_optimizer_configs.py checks the two lists agree).
+# tests/api/test_optimizer_classes.py checks the two lists agree).
 _OPTIMIZER_CLASSES = ("Adadelta", "Assign", "BoundedAdagrad", "CenteredRMSProp",
                       "FrequencyAwareAdagrad", "FrequencyEstimator", "Lion", "Momentum",
                       "OnlineYogi", "ProximalAdagrad", "ProximalYogi", "RMSProp")
