@@ -53,10 +53,11 @@ joins the two ends, in the three ways TensorFlow programs are written.
   returns zeros for the dummy variables under a control dependency on the
   Send.  This holds for ``GradientTape`` in eager mode and inside
   ``tf.function`` and for ``tf.gradients`` in a TF1 graph (checked by
-  ``tests/api/test_gradients.py``).  In eager mode the Send runs when it is built;
-  in ``tf.function`` it is a stateful op and always runs; in a TF1 graph it
-  runs when the dummy variables' gradient (or anything depending on it, e.g.
-  an optimizer's apply op) runs.
+  ``tests/api/test_gradients_tf1.py`` and ``test_gradients_tf2.py``).  In
+  eager mode the Send runs when it is built; in ``tf.function`` it is a
+  stateful op and always runs; in a TF1 graph it runs when the dummy
+  variables' gradient (or anything depending on it, e.g. an optimizer's
+  apply op) runs.
 
   Consequences worth knowing: the tape does not prune by sources, so
   ``tape.gradient(loss, model_vars)`` without the dummy variables still

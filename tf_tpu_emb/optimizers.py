@@ -7,7 +7,8 @@ For the optimizers TensorFlow's Python API lacks, each
 ``class_name`` becomes a class here: its hyper-parameters (argument name,
 proto field, default, validation), cross-argument checks and the update
 formula for the docstring.  ``tests/ops/test_op_defs.py`` checks the registered
-OpDefs against the source; ``tests/api/test_optimizer_configs.py`` checks the
+OpDefs against the source; ``tests/api/test_optimizer_classes.py``,
+``test_optimizer_state.py`` and ``test_optimizer_descriptors.py`` check the
 generated classes.  The spec's names (``OPTIMIZERS``, ``BY_PROTO_FIELD``,
 ``OptimizerInfo``, ``Hyper``, ...) stay importable from here.
 

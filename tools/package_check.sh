@@ -56,6 +56,11 @@ assert tf_tpu_emb.__file__.startswith(sys.argv[1]), tf_tpu_emb.__file__
 print("tf_tpu_emb", tf_tpu_emb.__version__, "from", os.path.dirname(tf_tpu_emb.__file__))
 PYEOF
 "$OUT/venv/bin/python" -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=15 ${PACKAGE_CHECK_TESTS:-tests/c_api \
-  tests/packaging tests/api/test_loader.py tests/api/test_gradients.py \
-  tests/engine/test_forward.py tests/engine/test_optimizers.py tests/keras/test_keras_layer.py}
+  tests/packaging tests/api/test_loader.py tests/api/test_gradient_layout.py \
+  tests/api/test_gradients_tf1.py tests/api/test_gradients_tf2.py \
+  tests/engine/test_forward_combiners.py tests/engine/test_forward_shapes.py \
+  tests/engine/test_forward_enqueue_ops.py tests/engine/test_forward_modes.py \
+  tests/engine/test_load_retrieve.py tests/engine/test_optimizer_formulas.py \
+  tests/engine/test_optimizer_pipeline.py tests/engine/test_optimizer_sends.py \
+  tests/keras/test_keras_layer.py}
 echo "package-check: OK ($SDIST, $WHEEL)"

@@ -1,6 +1,7 @@
 """What the client tests share: where the client venv is, how a client
 program runs in it (under the stand-in or not), and the skip when the client
 packages are absent (the default lane has no client venv: `make clients-venv`)."""
+import json
 import os
 import subprocess
 
@@ -31,6 +32,18 @@ def run_client(args, *, replicas=None, timeout=600, cwd=None, **env):
                            if replicas else []) + list(args)
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=cwd,
                           env=harness.child_env(**env))
+
+
+def losses_on_the_stand_in_and_mirrored(script, replicas, **env):
+    """Runs a client script's ``tpu`` mode under the stand-in (it must end
+    with "OK", its numpy check) and its ``mirrored`` mode; returns the loss
+    lists fit reported in each, and the tpu run's output."""
+    tpu = run_client([script, "tpu", str(replicas)], replicas=replicas, **env)
+    assert tpu.returncode == 0 and tpu.stdout.strip().endswith("OK"), harness.describe(tpu)
+    mirrored = run_client([script, "mirrored", str(replicas)], **env)
+    assert mirrored.returncode == 0, harness.describe(mirrored)
+    ours, theirs = (json.loads(line_value(p.stdout, "LOSSES ")) for p in (tpu, mirrored))
+    return ours, theirs, tpu.stdout
 
 
 def line_value(stdout, key):

@@ -20,6 +20,7 @@ import keras_rs
 import numpy as np
 import tensorflow as tf
 
+import client_strategy
 import optimizer_reference as ref
 
 MODE, R = sys.argv[1], int(sys.argv[2])
@@ -31,15 +32,7 @@ C = rng.normal(size=(DIM, 1)).astype(np.float32)
 IDS = rng.integers(0, VOCAB, (STEPS * GLOBAL,)).astype(np.int32)
 Y = rng.normal(size=(STEPS * GLOBAL, 1)).astype(np.float32)
 
-if MODE == "tpu":
-    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu="")
-    tf.config.experimental_connect_to_cluster(resolver)
-    tf.tpu.experimental.initialize_tpu_system(resolver)
-    strategy = tf.distribute.TPUStrategy(resolver)
-else:
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * R)
-    strategy = tf.distribute.MirroredStrategy(["/cpu:%d" % k for k in range(R)])
+strategy = client_strategy.make(MODE, R)
 
 
 def make(strategy_or_none):

@@ -4,8 +4,6 @@ table optimizer's exact numerics, Keras-RS reads the tables back by name
 (the per-shard view), they serve from its CPU fallback, and fit's reported
 loss equals that of the same program under MirroredStrategy
 (tests/clients/keras_rs_script.py)."""
-import json
-
 import numpy as np
 import pytest
 
@@ -19,15 +17,9 @@ SCRIPT = harness.script(__file__, "keras_rs_script.py")
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_keras_rs_tpu_path_on_the_engine(replicas):
     clients_common.require("keras_rs")
-    tpu = clients_common.run_client([SCRIPT, "tpu", str(replicas)], replicas=replicas,
-                                    KERAS_BACKEND="tensorflow")
-    assert tpu.returncode == 0 and tpu.stdout.strip().endswith("OK"), harness.describe(tpu)
+    ours, theirs, out = clients_common.losses_on_the_stand_in_and_mirrored(
+        SCRIPT, replicas, KERAS_BACKEND="tensorflow")
     print("Keras-RS replicas=%d max deviation %s" % (
-        replicas, clients_common.line_value(tpu.stdout, "MAXDEV ")))
-    mirrored = clients_common.run_client([SCRIPT, "mirrored", str(replicas)],
-                                         KERAS_BACKEND="tensorflow")
-    assert mirrored.returncode == 0, harness.describe(mirrored)
-    ours, theirs = (json.loads(clients_common.line_value(p.stdout, "LOSSES "))
-                    for p in (tpu, mirrored))
+        replicas, clients_common.line_value(out, "MAXDEV ")))
     assert ours[0] == pytest.approx(theirs[0], rel=1e-7)
     np.testing.assert_allclose(ours, theirs, rtol=1e-6)

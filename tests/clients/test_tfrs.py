@@ -4,8 +4,6 @@ numerics (custom loop eager and tf.function, fit, a translated Keras
 optimizer behind a schedule), its checkpoints move to its CPU fallback and
 back, its serving lookup works, and the loss fit reports equals that of the
 same program under MirroredStrategy (tests/clients/tfrs_script.py)."""
-import json
-
 import numpy as np
 import pytest
 
@@ -19,15 +17,9 @@ SCRIPT = harness.script(__file__, "tfrs_script.py")
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_tfrs_tpu_path_on_the_engine(replicas):
     clients_common.require("tensorflow_recommenders")
-    tpu = clients_common.run_client([SCRIPT, "tpu", str(replicas)], replicas=replicas,
-                                    TF_USE_LEGACY_KERAS="1")
-    assert tpu.returncode == 0 and tpu.stdout.strip().endswith("OK"), harness.describe(tpu)
+    ours, theirs, out = clients_common.losses_on_the_stand_in_and_mirrored(
+        SCRIPT, replicas, TF_USE_LEGACY_KERAS="1")
     print("TFRS replicas=%d max deviation %s" % (
-        replicas, clients_common.line_value(tpu.stdout, "MAXDEV ")))
-    mirrored = clients_common.run_client([SCRIPT, "mirrored", str(replicas)],
-                                         TF_USE_LEGACY_KERAS="1")
-    assert mirrored.returncode == 0, harness.describe(mirrored)
-    ours, theirs = (json.loads(clients_common.line_value(p.stdout, "LOSSES "))
-                    for p in (tpu, mirrored))
+        replicas, clients_common.line_value(out, "MAXDEV ")))
     assert ours[0] == theirs[0]     # the first epoch: before any table update
     np.testing.assert_allclose(ours, theirs, rtol=1e-6)

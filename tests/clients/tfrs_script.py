@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_recommenders as tfrs
 
+import client_strategy
 import optimizer_reference as ref
 
 MODE, R = sys.argv[1], int(sys.argv[2])
@@ -34,16 +35,7 @@ C = rng.normal(size=(DIM, 1)).astype(np.float32)
 IDS = rng.integers(0, VOCAB, (STEPS * GLOBAL,))
 Y = rng.normal(size=(STEPS * GLOBAL, 1)).astype(np.float32)
 
-if MODE == "tpu":
-    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu="")
-    tf.config.experimental_connect_to_cluster(resolver)
-    tf.tpu.experimental.initialize_tpu_system(resolver)
-    strategy = tf.distribute.TPUStrategy(resolver)
-else:
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * R)
-    strategy = tf.distribute.MirroredStrategy(["/cpu:%d" % k for k in range(R)])
-assert strategy.num_replicas_in_sync == R
+strategy = client_strategy.make(MODE, R)
 
 
 def feature_config():

@@ -1,5 +1,5 @@
 """1 replica vs 4 replicas on the same global batch (run by
-tests/engine/test_optimizers.py::test_one_vs_four_replicas).
+tests/engine/test_optimizer_pipeline.py::test_one_vs_four_replicas).
 
 TF's logical CPU devices must be configured before its runtime starts, so
 this runs as its own process with 4 logical CPUs.  Per case: the same
@@ -27,7 +27,7 @@ tf = child_script.tensorflow_with_cpus(R)
 import numpy as np  # noqa: E402
 import engine_util as eu  # noqa: E402
 import optimizer_reference as ref  # noqa: E402
-import test_optimizers as T  # noqa: E402
+import optimizer_training as T  # noqa: E402
 from optimizer_reference import TableParams  # noqa: E402
 
 GLOBAL = 8
