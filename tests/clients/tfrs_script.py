@@ -36,6 +36,7 @@ IDS = rng.integers(0, VOCAB, (STEPS * GLOBAL,))
 Y = rng.normal(size=(STEPS * GLOBAL, 1)).astype(np.float32)
 
 strategy = client_strategy.make(MODE, R)
+resolver = strategy.cluster_resolver if MODE == "tpu" else None  # to re-initialize
 
 
 def feature_config():
