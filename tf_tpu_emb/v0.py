@@ -70,7 +70,6 @@ from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.tpu import tpu_embedding_base
 from tensorflow.python.util import nest
 
-from tf_tpu_emb import structure
 from tf_tpu_emb.embedding_bag import embedding_bag
 
 _logger = logging.getLogger(__name__)
@@ -195,12 +194,12 @@ class TPUEmbeddingV0(tpu_embedding_base.TPUEmbeddingBase):
           The activations, in the structure of ``feature_config``.
         """
         self._maybe_build()
-        structure.assert_same_structure(self._feature_config, features, "features")
+        nest.assert_same_structure(features, self._feature_config)  # TF's exact errors
 
         flat_inputs = nest.flatten(features)
         flat_weights = [None] * len(flat_inputs)
         if weights is not None:
-            structure.assert_same_structure(self._feature_config, weights, "weights")
+            nest.assert_same_structure(features, weights)
             flat_weights = nest.flatten(weights)
         flat_features = nest.flatten_with_joined_string_paths(self._feature_config)
 
