@@ -19,18 +19,30 @@ import weakref
 
 from tf_tpu_emb import ops as _ops
 
-__all__ = ["new_name", "claim", "set_holder", "is_owner", "engine_of", "engines", "owners",
+__all__ = ["new_name", "name_for", "claim", "set_holder", "is_owner", "engine_of", "engines", "owners",
            "holders", "holder", "release"]
 
 _lock = threading.Lock()
 _names = itertools.count()
 # engine name -> [owner id, weak ref to the owner, weak ref to its holder]
 _engines = {}
+# owner -> its engine name (the same for every configure of the owner)
+_owner_names = weakref.WeakKeyDictionary()
 
 
 def new_name(prefix="tpu_embedding"):
     """A fresh engine name, unique in this process (never "", the default)."""
     return "%s_%d" % (prefix, next(_names))
+
+
+def name_for(obj, prefix="tpu_embedding"):
+    """The engine name of owner `obj`: fresh at the first call, then the same
+    for `obj`'s life (a rebuild after a shutdown reuses it)."""
+    with _lock:
+        name = _owner_names.get(obj)
+        if name is None:
+            name = _owner_names[obj] = new_name(prefix)
+        return name
 
 
 def claim(obj, engine, holder=None):

@@ -47,7 +47,6 @@ Send in ``send``, engine ownership in ``engine_registry``, table descriptors in
 ``optimizers``).
 """
 import collections.abc
-import copy
 import dataclasses
 import logging
 import weakref
@@ -60,7 +59,8 @@ from tensorflow.python.tpu import tpu_embedding_v2_utils
 from tensorflow.python.trackable import autotrackable
 from tensorflow.python.util import nest
 
-from tf_tpu_emb import engine_registry
+from tf_tpu_emb import backend as backend_lib
+from tf_tpu_emb import gradients as gradients_lib
 from tf_tpu_emb import layout as layout_lib
 from tf_tpu_emb import ops
 from tf_tpu_emb import optimizers as optimizers_lib
@@ -152,7 +152,6 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                 cluster is None and (self._worker, self._num_workers) != (0, 1)):
             raise ValueError("workers={!r}: must be (index, count) with 0 <= index < count, "
                              "and only with cluster=".format(workers))
-        self._sharded = None
         self._feature_config = feature_config
         self._pipeline = bool(pipeline_execution_with_tensor_core)
         self._flat_features = nest.flatten(feature_config)
@@ -197,10 +196,8 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         self._engine_replicas = self._num_replicas * self._num_workers
         self._built = False
         self._config = None
-        self._engine = None  # the name of the engine build configured
-        # A front end that keeps one engine name across the objects it
-        # creates (the Keras layer, after a release) sets this before build.
-        self._engine_name = None
+        # The engine(s) behind this object (backend.Backend), chosen at build.
+        self._backend = None
         self._layout = None
         self._variables = {}
 
@@ -216,6 +213,24 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         """The serialized ``TPUEmbeddingConfiguration`` (after ``build``)."""
         self._require_built("config_proto")
         return self._config
+
+    @property
+    def tables(self):
+        """The ``TableConfig`` s in table-id order (the engine's), named and
+        given their optimizer as TF's class does."""
+        return list(self._table_config)
+
+    @property
+    def num_replicas(self):
+        """Replicas of the strategy this object was created under (this
+        worker's; the engine has ``num_replicas * workers``)."""
+        return self._num_replicas
+
+    @property
+    def dynamic_learning_rates(self):
+        """The callables of the dynamic learning rates (and other dynamic
+        optimizer inputs), in tag order: what each step's Send evaluates."""
+        return list(self._dynamic_inputs)
 
     @property
     def embedding_tables(self):
@@ -294,7 +309,7 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                     [(path, self._table_config.index(f.table), shape.as_list())
                      for path, f, shape in zip(self._paths, self._flat_features,
                                                self._output_shapes)],
-                    len(self._dynamic_inputs)), engine=self._engine)
+                    len(self._dynamic_inputs)), engine=self._backend.engine)
                 self._ensure_variables()
                 self._built = True
                 self._load_variables()
@@ -306,31 +321,29 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                 raise
 
     def _configure(self):
-        """Configures an engine of this object's own (README "Several engines
-        per process": other TPUEmbedding objects and the default engine are
-        untouched), or (``cluster=``) every host's default engine."""
+        """Chooses the backend (the one place that knows the kinds) and
+        configures it: an engine of this object's own (README "Several
+        engines per process": other TPUEmbedding objects and the default
+        engine are untouched), or (``cluster=``) every host's shard; a
+        worker other than 0 attaches to the engines worker 0 configured."""
         if self._cluster is None:
-            self._engine = self._engine_name or engine_registry.new_name()
-            ops.configure_tpu_embedding(self._config, engine=self._engine)
-            engine_registry.claim(self, self._engine)
-            return
-        self._engine = ""  # each host process's default engine
-        from tf_tpu_emb.cluster import sharded  # pylint: disable=import-outside-toplevel
-        self._sharded = sharded.ShardedEngine(self._cluster, self._config, [
-            sharded.routing.FeatureRoute(path, shape.as_list(), f.table.vocabulary_size,
-                                         f.table.combiner)
-            for path, f, shape in zip(self._paths, self._flat_features, self._output_shapes)])
-        if self._worker == 0:
-            self._sharded.configure()
+            self._backend = backend_lib.LocalEngine(self._config, self._combiners, owner=self)
         else:
-            self._sharded.attach()
+            from tf_tpu_emb.cluster import sharded  # pylint: disable=import-outside-toplevel
+            self._backend = sharded.ShardedEngine(self._cluster, self._config, [
+                sharded.routing.FeatureRoute(path, shape.as_list(), f.table.vocabulary_size,
+                                             f.table.combiner)
+                for path, f, shape in zip(self._paths, self._flat_features,
+                                          self._output_shapes)],
+                replica_offset=self._worker * self._num_replicas)
+        if self._worker == 0:
+            self._backend.configure()
+        else:
+            self._backend.attach()
 
     def _release(self):
-        if self._sharded is not None:
-            if self._worker == 0:
-                self._sharded.shutdown()
-        else:
-            engine_registry.release(self)
+        if self._backend is not None:
+            self._backend.shutdown()
 
     def _output_shapes_from_input_shapes(self, input_shapes):
         out = []
@@ -419,7 +432,7 @@ class TPUEmbedding(autotrackable.AutoTrackable):
             for var in slots.values():
                 if isinstance(var, _HostVariable):
                     var.on_restore = (lambda t=table: owner() is not None
-                                      and owner()._load_table(t))  # pylint: disable=protected-access
+                                      and owner()._load_host_table(t))  # pylint: disable=protected-access
         return variables
 
     @staticmethod
@@ -436,6 +449,11 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         """The typed Load/Retrieve handles of the table's optimizer."""
         return ops.table_ops(optimizers_lib.info_of(self._optimizer_of(table)).proto_field)
 
+    def table_state_names(self, table):
+        """The names of ``table`` 's state tensors: ``parameters``, then its
+        optimizer's slots, in the order of ``load_table`` / ``retrieve_table``."""
+        return list(self._table_ops(table).tensors)
+
     @property
     def layout(self):
         """Where each feature sits in the engine's outputs
@@ -446,42 +464,36 @@ class TPUEmbedding(autotrackable.AutoTrackable):
     def _load_variables(self):
         """Host variables -> engine (also TF's checkpoint callback's entry point)."""
         for table in self._table_config:
-            self._load_table(table)
+            self._load_host_table(table)
 
-    def _load_table(self, table):
+    def _load_host_table(self, table):
         """One table's host variables -> engine (no-op unless this object is
-        built and owns the engine)."""
-        if not self._built or not (engine_registry.is_owner(self) or
-                                   self._sharded is not None and self._sharded.configured):
+        built and configured its engine)."""
+        if not self._built or not self._backend.configured:
             return
         with tf.init_scope():
-            self._load_state(table, [self._variables[table.name][n]
-                                     for n in self._table_ops(table).tensors])
+            self.load_table(table, [self._variables[table.name][n]
+                                    for n in self._table_ops(table).tensors])
 
     def _retrieve_variables(self):
         """Engine -> host variables."""
         with tf.init_scope():
             for table in self._table_config:
-                for n, value in zip(self._table_ops(table).tensors, self._retrieve_state(table)):
+                for n, value in zip(self._table_ops(table).tensors, self.retrieve_table(table)):
                     self._variables[table.name][n].assign(value)
 
-    def _load_state(self, table, values):
-        """A whole table's state tensors (``_table_ops(table).tensors`` order)
-        -> the engine, or (``cluster=``) every host's shard of it."""
-        handles = self._table_ops(table)
-        if self._sharded is not None:
-            return self._sharded.load(handles, table.name, values)
-        return handles.load(*values, num_shards=1, shard_id=0, table_name=table.name,
-                            engine=self._engine)
+    def load_table(self, table, values):
+        """Writes a whole table's state tensors (``table_state_names(table)``
+        order, each ``[vocabulary_size, dim]``) into the engine (every host's
+        shard of it with ``cluster=``).  After ``build``."""
+        self._require_built("load_table")
+        return self._backend.load(self._table_ops(table), table.name, values)
 
-    def _retrieve_state(self, table):
-        """A whole table's state tensors from the engine (or the hosts)."""
-        handles = self._table_ops(table)
-        if self._sharded is not None:
-            return self._sharded.retrieve(handles, table.name)
-        values = handles.retrieve(num_shards=1, shard_id=0, table_name=table.name,
-                                  engine=self._engine)
-        return [values] if isinstance(values, tf.Tensor) else list(values)
+    def retrieve_table(self, table):
+        """A whole table's state tensors (``table_state_names(table)`` order)
+        from the engine (reassembled from the hosts with ``cluster=``)."""
+        self._require_built("retrieve_table")
+        return self._backend.retrieve(self._table_ops(table), table.name)
 
     # ---------------------------------------------------------------- enqueue
 
@@ -529,8 +541,7 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         if in_replica_fn:
             ordinal = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group,
                               tf.int32)
-            return self._enqueue_op(flat_inputs, flat_weights, training, ordinal, name,
-                                    dynamic=True)
+            return self._enqueue_op(flat_inputs, flat_weights, training, ordinal, name)
         if device is not None:
             replica = self._replica_of_device(device)
             with tf.device(self._replica_devices()[replica]):
@@ -616,8 +627,7 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                          "SparseTensor or RaggedTensor as input to enqueue."
                          .format(path, type(x)))
 
-    def _enqueue_op(self, flat_inputs, flat_weights, training, device_ordinal, name,
-                    dynamic=False):
+    def _enqueue_op(self, flat_inputs, flat_weights, training, device_ordinal, name):
         indices, values, weights = [], [], []
         int_zeros = tf.zeros([0], tf.int32)
         float_zeros = tf.zeros([0], tf.float32)
@@ -653,17 +663,8 @@ class TPUEmbedding(autotrackable.AutoTrackable):
             mode = "train" if training else "inference"
         else:
             mode = tf.where(tf.convert_to_tensor(training), "train", "inference")
-        combiners = self._combiners
-        if self._sharded is not None:
-            return self._sharded.enqueue(indices, values, weights, mode,
-                                         self._engine_replica(device_ordinal), name=name)
-        if dynamic:
-            return ops.dynamic_enqueue_tpu_embedding_arbitrary_tensor_batch(
-                indices, values, weights, device_ordinal, combiners=combiners,
-                mode_override=mode, engine=self._engine, name=name)
-        return ops.enqueue_tpu_embedding_arbitrary_tensor_batch(
-            indices, values, weights, device_ordinal=device_ordinal, combiners=combiners,
-            mode_override=mode, engine=self._engine, name=name)
+        return self._backend.enqueue(indices, values, weights, mode,
+                                     self._backend.replica(device_ordinal), name=name)
 
     # ------------------------------------------------------ dequeue / gradients
 
@@ -677,13 +678,8 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         """This replica's activations for the oldest enqueued step, in the
         feature config's structure (each ``output_shape + [dim]``)."""
         self._require_built("dequeue")
-        if self._sharded is not None:
-            outputs = self._sharded.recv(len(self._flat_features),
-                                         self._engine_replica(self._replica_id()), name=name)
-        else:
-            outputs = ops.recv_tpu_embedding_activations(
-                num_outputs=len(self._flat_features), config=self._config, engine=self._engine,
-                name=name)
+        outputs = self._backend.recv(len(self._flat_features),
+                                     self._backend.replica(self._replica_id()), name=name)
         return nest.pack_sequence_as(self._feature_config, outputs)
 
     def apply_gradients(self, gradients, name=None):
@@ -712,20 +708,28 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                                  .format(gradient.shape, path, full_shape))
             updated.append(gradient)
         rates = [fn() for fn in self._dynamic_inputs]
-        if self._sharded is not None:
-            return self._sharded.send(self._layout, updated, rates,
-                                      self._engine_replica(self._replica_id()), name=name)
-        return send_lib.build_send(self._layout, updated, rates, name=name)
+        return self._backend.send(self._layout, updated, rates,
+                                  self._backend.replica(self._replica_id()), name=name)
 
-    def _send_fn(self):
-        """For ``gradients.hook_step``: None (one local engine: the Send on the
-        Recv's device), or (``cluster=``) a builder of this replica's Sends to
-        every host."""
-        if self._sharded is None:
-            return None
-        replica = self._engine_replica(self._replica_id())
-        return lambda gradients, rates, control_inputs=None: self._sharded.send(
-            self._layout, gradients, rates, replica, control_inputs=control_inputs)
+    def hook_step(self, dummy_variables, recv_outputs, learning_rate_fn=None):
+        """``tf_tpu_emb.gradients.hook_step`` for this object's step: the flat
+        ``dequeue()`` outputs (``recv_outputs``, layout order) wired so that
+        the gradient of a loss w.r.t. ``dummy_variables`` (one ``[1]``
+        variable per table, table-id order) builds this replica's one Send
+        to this object's engine(s).  Returns the activations (a list, layout
+        order).  ``learning_rate_fn`` returns the dynamic learning rates
+        (default: ``dynamic_learning_rates`` evaluated)."""
+        self._require_built("hook_step")
+        backend, layout = self._backend, self._layout
+        replica = backend.replica(self._replica_id())
+        if learning_rate_fn is None:
+            fns = list(self._dynamic_inputs)
+            learning_rate_fn = lambda: [fn() for fn in fns]  # noqa: E731
+        hooked = gradients_lib.hook_step(
+            dummy_variables, layout, recv_outputs, learning_rate_fn,
+            send_fn=lambda gradients, rates, control_inputs=None: backend.send(
+                layout, gradients, rates, replica, control_inputs=control_inputs))
+        return list(hooked.values())
 
     @staticmethod
     def _replica_id():
@@ -733,15 +737,6 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
             return 0
         return tf.distribute.get_replica_context().replica_id_in_sync_group
-
-    def _engine_replica(self, local_replica):
-        """The engine replica (a Python int: it picks the host's device) of this
-        worker's replica ``local_replica``."""
-        local = tf.get_static_value(local_replica)
-        if local is None:
-            raise ValueError("with cluster=, the replica must be known when the step is "
-                             "traced (strategy.run of a MirroredStrategy)")
-        return self._worker * self._num_replicas + int(local)
 
     def shutdown(self):
         """Releases the engine this object configured (its tables are lost:

@@ -29,6 +29,7 @@ among one host's ops and runs the hosts' parts in parallel.
 """
 import tensorflow as tf
 
+from tf_tpu_emb import backend
 from tf_tpu_emb import ops
 from tf_tpu_emb import send as send_lib
 from tf_tpu_emb.cluster import checkpoint
@@ -36,15 +37,18 @@ from tf_tpu_emb.cluster import ordering
 from tf_tpu_emb.cluster import routing
 
 
-class ShardedEngine:
-    """The engines of ``hosts`` holding one model's tables, sharded.
+class ShardedEngine(backend.Backend):
+    """The engines of ``hosts`` holding one model's tables, sharded: the
+    :class:`tf_tpu_emb.backend.Backend` of ``TPUEmbedding(cluster=...)``.
 
     ``config``: the serialized ``TPUEmbeddingConfiguration`` (its
     ``num_hosts`` = ``hosts.num_hosts``); ``features``: one
-    :class:`~tf_tpu_emb.cluster.routing.FeatureRoute` per feature descriptor.
+    :class:`~tf_tpu_emb.cluster.routing.FeatureRoute` per feature descriptor;
+    ``replica_offset``: the engine replica of this worker's replica 0
+    (``worker index * replicas per worker``).
     """
 
-    def __init__(self, hosts, config, features):
+    def __init__(self, hosts, config, features, *, replica_offset=0):
         from tensorflow.core.protobuf.tpu import tpu_embedding_configuration_pb2 as pb
         proto = pb.TPUEmbeddingConfiguration.FromString(config)
         if proto.num_hosts != hosts.num_hosts:
@@ -55,7 +59,17 @@ class ShardedEngine:
         self.num_hosts = hosts.num_hosts
         self.mod = proto.sharding_strategy == pb.TPUEmbeddingConfiguration.MOD
         self.router = routing.Router(features, self.num_hosts, self.mod)
+        self.replica_offset = int(replica_offset)
         self.configured = False
+
+    def replica(self, local_replica):
+        """The engine replica (a Python int: it picks the host's device) of
+        this worker's replica ``local_replica``."""
+        local = tf.get_static_value(local_replica)
+        if local is None:
+            raise ValueError("with cluster=, the replica must be known when the step is "
+                             "traced (strategy.run of a MirroredStrategy)")
+        return self.replica_offset + int(local)
 
     def _device(self, k, replica=0):
         return self.hosts.device(k, replica)

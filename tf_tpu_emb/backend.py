@@ -1,0 +1,150 @@
+"""The engine behind a :class:`tf_tpu_emb.TPUEmbedding`: one interface, two kinds.
+
+``TPUEmbedding.build`` picks the backend once and then only calls these
+methods (``TPUEmbedding`` never asks which kind it has):
+
+* :class:`LocalEngine`: an engine of this process, under an engine name of
+  the owning object's own (README "Several engines per process");
+* :class:`tf_tpu_emb.cluster.sharded.ShardedEngine` (``cluster=``): the
+  engines of the embedding hosts, one shard of every table on each.
+
+=====================  ======================================================
+method                 what it does
+=====================  ======================================================
+``configure()``        creates the engine(s) for ``config`` (eager)
+``attach()``           uses engines another worker configured (workers > 0)
+``shutdown()``         releases what ``configure`` created (tables are lost)
+``load(h, t, v)``      a whole table's state tensors -> the engine(s)
+``retrieve(h, t)``     the whole table's state tensors from the engine(s)
+``enqueue(...)``       one replica's ArbitraryTensorBatch inputs
+``recv(n, replica)``   that replica's activations (``n`` outputs)
+``send(...)``          that replica's activation gradients (one Send per step)
+``replica(local)``     the engine replica of this worker's replica ``local``
+=====================  ======================================================
+
+``h`` is an ``ops.table_ops(...)`` handle set, ``t`` the table's name, ``v``
+its state tensors in ``h.tensors`` order, each ``[vocabulary_size, dim]``.
+Every method builds its ops in the caller's context (eager: runs them), so
+one ``tf.function`` step holds every engine op of the step.
+"""
+import abc
+
+import tensorflow as tf
+
+from tf_tpu_emb import engine_registry
+from tf_tpu_emb import ops
+from tf_tpu_emb import send as send_lib
+
+__all__ = ["Backend", "LocalEngine"]
+
+
+class Backend(abc.ABC):
+    """The interface (see the module doc).  ``engine``: the engine name the
+    step's ops carry (``Layout.engine``); ``configured``: this backend created
+    engines that it has not released."""
+
+    engine = ""
+    configured = False
+
+    @abc.abstractmethod
+    def configure(self):
+        """Creates the engine(s) for the config (eagerly)."""
+
+    @abc.abstractmethod
+    def attach(self):
+        """Uses engines that another worker's backend configured."""
+
+    @abc.abstractmethod
+    def shutdown(self):
+        """Releases the engine(s) ``configure`` created; no-op otherwise."""
+
+    @abc.abstractmethod
+    def load(self, handles, table_name, values):
+        """A whole table's state tensors -> the engine(s)."""
+
+    @abc.abstractmethod
+    def retrieve(self, handles, table_name):
+        """The whole table's state tensors (a list, ``handles.tensors`` order)."""
+
+    @abc.abstractmethod
+    def enqueue(self, indices, values, weights, mode, replica, name=None):
+        """Enqueues one replica's ArbitraryTensorBatch inputs (per feature:
+        COO indices, row splits or empty; ids; weights or empty)."""
+
+    @abc.abstractmethod
+    def recv(self, num_outputs, replica, name=None):
+        """The replica's activations, one tensor per feature descriptor."""
+
+    @abc.abstractmethod
+    def send(self, layout, gradients, learning_rates, replica, control_inputs=None,
+             name=None):
+        """Sends the replica's activation gradients (``layout.features``
+        order) with the dynamic learning rates; returns the op (None eagerly)."""
+
+    def replica(self, local_replica):
+        """The engine replica of this worker's replica ``local_replica`` (an
+        int, or an int32 tensor inside ``strategy.run``)."""
+        return local_replica
+
+
+class LocalEngine(Backend):
+    """An engine of this process named by ``engine_registry`` for ``owner``
+    (the :class:`tf_tpu_emb.TPUEmbedding`), which the registry records as its
+    owner: the engine lives until ``shutdown`` or until the owner is
+    collected."""
+
+    def __init__(self, config, combiners, owner):
+        self.config = config
+        self.combiners = list(combiners)
+        self._owner = owner
+        self.engine = engine_registry.name_for(owner)
+
+    def configure(self):
+        ops.configure_tpu_embedding(self.config, engine=self.engine)
+        engine_registry.claim(self._owner, self.engine)
+        self.configured = True
+
+    def attach(self):
+        raise ValueError("a local engine has one worker: it configures, it never attaches")
+
+    def shutdown(self):
+        if self.configured:
+            self.configured = False
+            engine_registry.release(self._owner)
+
+    def load(self, handles, table_name, values):
+        return handles.load(*values, num_shards=1, shard_id=0, table_name=table_name,
+                            engine=self.engine)
+
+    def retrieve(self, handles, table_name):
+        values = handles.retrieve(num_shards=1, shard_id=0, table_name=table_name,
+                                  engine=self.engine)
+        return [values] if isinstance(values, tf.Tensor) else list(values)
+
+    def enqueue(self, indices, values, weights, mode, replica, name=None):
+        if isinstance(replica, int):
+            op = ops.enqueue_tpu_embedding_arbitrary_tensor_batch(
+                indices, values, weights, device_ordinal=replica, combiners=self.combiners,
+                mode_override=mode, engine=self.engine, name=name)
+        else:  # an int32 tensor: the replica of strategy.run's replica context
+            op = ops.dynamic_enqueue_tpu_embedding_arbitrary_tensor_batch(
+                indices, values, weights, replica, combiners=self.combiners,
+                mode_override=mode, engine=self.engine, name=name)
+        return None if tf.executing_eagerly() else op
+
+    def recv(self, num_outputs, replica, name=None):
+        # The Recv's device picks the replica (the caller's device scope).
+        del replica
+        return ops.recv_tpu_embedding_activations(num_outputs=num_outputs, config=self.config,
+                                                  engine=self.engine, name=name)
+
+    def send(self, layout, gradients, learning_rates, replica, control_inputs=None,
+             name=None):
+        # On the device of the Recv outputs it follows, when given (that
+        # device picks the replica), else in the caller's device scope.
+        del replica
+        device = send_lib.device_of(control_inputs[0]) if control_inputs else None
+        return send_lib.build_send(layout, gradients, learning_rates, config=self.config,
+                                   control_inputs=control_inputs, device=device or None,
+                                   name=name)
+
