@@ -184,6 +184,7 @@ void Engine::ApplyStep(const std::vector<std::unique_ptr<StepPart>>& parts,
                        ::tsl::thread::ThreadPool* pool) {
   const int num_tables = tables_.size();
   std::vector<TableStep> steps(num_tables);
+  const uint64_t step = steps_applied_++;
   // An exception must not leave a pool thread (it would terminate the
   // process): the first one is rethrown here, to the kernel's guard.
   std::exception_ptr thrown;
@@ -214,7 +215,7 @@ void Engine::ApplyStep(const std::vector<std::unique_ptr<StepPart>>& parts,
       const float lr = s.lr_tag >= 0 ? dynamic_inputs[s.lr_tag] : s.lr_constant;
       ts.args.lr = lr;
       ts.decay = s.weight_decay * (s.decay_times_lr ? lr : 1.0f);
-      ts.seed = MixBits((static_cast<uint64_t>(t) << 48) ^ table.steps_applied++);
+      ts.seed = MixBits((static_cast<uint64_t>(t) << 48) ^ step);
       if (s.non_lazy) std::fill(table.touched.begin(), table.touched.end(), 0);
 
       int64_t total = 0;

@@ -171,9 +171,14 @@ TTE_OP("ConfigureTPUEmbedding")
 // holds only shard host_id of num_hosts of every table and slot, in the
 // config's sharding_strategy (docs/tpu_embedding_semantics.md §2.7): the rows
 // Load/Retrieve(num_shards=num_hosts, shard_id=host_id) address.
+// With lease_seconds > 0 the engine is a trainer's host lease (README
+// "Running on several machines"; Engine::EvictLeases): refused while another
+// lease runs unless `takeover`, kept by RenewTPUEmbeddingLease.
 TTE_OP("ConfigureTPUEmbeddingHostShard")
     .Attr("config: string")
     .Attr("host_id: int >= 0")
+    .Attr("lease_seconds: float = 0")
+    .Attr("takeover: bool = false")
     .Attr(kEngineAttr)
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::NoOutputs);
@@ -441,6 +446,51 @@ TTE_OP("EmbeddingBagGrad")
       c->set_output(0, c->Matrix(c->Dim(c->input(2), 0), c->Dim(c->input(0), 1)));
       return absl::OkStatus();
     });
+
+}  // namespace
+}  // namespace tf_tpu_emb
+
+// ------------------------------------------------- engine lifecycle (ours)
+// The step count that seeds bfloat16 storage's stochastic rounding, moved
+// with a checkpoint (Engine::steps_applied); `stochastic_rounding` says
+// whether a table of the engine stores bfloat16 (the count matters).
+
+namespace tf_tpu_emb {
+namespace {
+
+TTE_OP("RetrieveTPUEmbeddingStepCount")
+    .Output("step_count: int64")
+    .Output("stochastic_rounding: bool")
+    .Attr(kEngineAttr)
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) -> absl::Status {
+      c->set_output(0, c->Scalar());
+      c->set_output(1, c->Scalar());
+      return absl::OkStatus();
+    });
+
+TTE_OP("LoadTPUEmbeddingStepCount")
+    .Input("step_count: int64")
+    .Attr(kEngineAttr)
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) -> absl::Status {
+      ShapeHandle scalar;
+      return c->WithRank(c->input(0), 0, &scalar);
+    });
+
+// A trainer's heartbeat: renews the host lease of the engine it names
+// (FailedPrecondition saying why when the engine is gone).
+TTE_OP("RenewTPUEmbeddingLease")
+    .Attr(kEngineAttr)
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs);
+
+// The name of the engine whose host lease runs in this process, or "" (what
+// workers other than 0 attach to).
+TTE_OP("LeasedTPUEmbeddingEngine")
+    .Output("engine: string")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape);
 
 }  // namespace
 }  // namespace tf_tpu_emb
