@@ -28,6 +28,7 @@ Every method builds its ops in the caller's context (eager: runs them), so
 one ``tf.function`` step holds every engine op of the step.
 """
 import abc
+import weakref
 
 import tensorflow as tf
 
@@ -47,8 +48,9 @@ class Backend(abc.ABC):
     configured = False
 
     @abc.abstractmethod
-    def configure(self):
-        """Creates the engine(s) for the config (eagerly)."""
+    def configure(self, takeover=False):
+        """Creates the engine(s) for the config (eagerly); ``takeover``: take
+        hosts another trainer's lease holds (``cluster=`` only)."""
 
     @abc.abstractmethod
     def attach(self):
@@ -88,20 +90,23 @@ class Backend(abc.ABC):
 
 
 class LocalEngine(Backend):
-    """An engine of this process named by ``engine_registry`` for ``owner``
-    (the :class:`tf_tpu_emb.TPUEmbedding`), which the registry records as its
-    owner: the engine lives until ``shutdown`` or until the owner is
-    collected."""
+    """An engine of this process under the pooled name ``engine_registry``
+    gives ``owner`` (the :class:`tf_tpu_emb.TPUEmbedding`), which the
+    registry records as its owner: the engine lives until ``shutdown`` or
+    until the owner is collected.  Every method that builds ops in a graph
+    pins the name to that graph (``engine_registry.pin``)."""
 
     def __init__(self, config, combiners, owner):
         self.config = config
         self.combiners = list(combiners)
-        self._owner = owner
-        self.engine = engine_registry.name_for(owner)
+        self._owner = weakref.ref(owner)  # the owner's life ends the engine's
+        self._lease = engine_registry.lease_for(owner)
+        self.engine = self._lease.name
 
-    def configure(self):
+    def configure(self, takeover=False):
+        del takeover  # no lease on an engine of this process
         ops.configure_tpu_embedding(self.config, engine=self.engine)
-        engine_registry.claim(self._owner, self.engine)
+        engine_registry.claim(self._owner(), self.engine)
         self.configured = True
 
     def attach(self):
@@ -110,18 +115,23 @@ class LocalEngine(Backend):
     def shutdown(self):
         if self.configured:
             self.configured = False
-            engine_registry.release(self._owner)
+            owner = self._owner()
+            if owner is not None:  # else its finalizer released the engine
+                engine_registry.release(owner)
 
     def load(self, handles, table_name, values):
+        engine_registry.pin(self._lease)
         return handles.load(*values, num_shards=1, shard_id=0, table_name=table_name,
                             engine=self.engine)
 
     def retrieve(self, handles, table_name):
+        engine_registry.pin(self._lease)
         values = handles.retrieve(num_shards=1, shard_id=0, table_name=table_name,
                                   engine=self.engine)
         return [values] if isinstance(values, tf.Tensor) else list(values)
 
     def enqueue(self, indices, values, weights, mode, replica, name=None):
+        engine_registry.pin(self._lease)
         if isinstance(replica, int):
             op = ops.enqueue_tpu_embedding_arbitrary_tensor_batch(
                 indices, values, weights, device_ordinal=replica, combiners=self.combiners,
@@ -135,6 +145,7 @@ class LocalEngine(Backend):
     def recv(self, num_outputs, replica, name=None):
         # The Recv's device picks the replica (the caller's device scope).
         del replica
+        engine_registry.pin(self._lease)
         return ops.recv_tpu_embedding_activations(num_outputs=num_outputs, config=self.config,
                                                   engine=self.engine, name=name)
 
@@ -143,6 +154,7 @@ class LocalEngine(Backend):
         # On the device of the Recv outputs it follows, when given (that
         # device picks the replica), else in the caller's device scope.
         del replica
+        engine_registry.pin(self._lease)
         device = send_lib.device_of(control_inputs[0]) if control_inputs else None
         return send_lib.build_send(layout, gradients, learning_rates, config=self.config,
                                    control_inputs=control_inputs, device=device or None,

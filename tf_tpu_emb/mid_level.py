@@ -49,6 +49,7 @@ Send in ``send``, engine ownership in ``engine_registry``, table descriptors in
 import collections.abc
 import dataclasses
 import logging
+import threading
 import weakref
 
 import tensorflow as tf
@@ -195,6 +196,12 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         self._num_replicas = self._strategy.num_replicas_in_sync
         self._engine_replicas = self._num_replicas * self._num_workers
         self._built = False
+        # shutdown() ran after a build: only an explicit build() (or a
+        # checkpoint restore) configures the engine again.
+        self._shut_down = False
+        # Serialises build, shutdown and the implicit build of the first
+        # enqueue: an object builds once whichever threads race.
+        self._lock = threading.RLock()
         self._config = None
         # The engine(s) behind this object (backend.Backend), chosen at build.
         self._backend = None
@@ -248,7 +255,8 @@ class TPUEmbedding(autotrackable.AutoTrackable):
 
     # ------------------------------------------------------------------ build
 
-    def build(self, per_replica_input_shapes=None, per_replica_batch_size=None):
+    def build(self, per_replica_input_shapes=None, per_replica_batch_size=None, *,
+              takeover=False):
         """Fixes the output shapes, configures the engine and creates and loads
         the tables (see ``tf.tpu.experimental.embedding.TPUEmbedding.build``).
 
@@ -271,7 +279,18 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         embeddings; here it configures this process's CPU engine, and if
         anything fails after that the engine is released again, so a fresh
         object can be built.
+
+        After ``shutdown()`` a ``build()`` configures the engine again (the
+        only way besides restoring a checkpoint: nothing rebuilds
+        implicitly), loading the tables from the host variables (their last
+        retrieve or restore).  ``takeover`` (``cluster=`` only): take the
+        embedding hosts even while another trainer's lease on them runs
+        (README "Running on several machines").
         """
+        with self._lock:
+            self._build(per_replica_input_shapes, per_replica_batch_size, takeover)
+
+    def _build(self, per_replica_input_shapes, per_replica_batch_size, takeover):
         if self._built:
             return
         if per_replica_input_shapes is not None and per_replica_batch_size is not None:
@@ -301,7 +320,7 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                     "FeatureConfig or for the build method.")
         with tf.init_scope():
             self._config = self._create_config_proto().SerializeToString()
-            self._configure()
+            self._configure(takeover)
             try:
                 self._layout = dataclasses.replace(layout_lib.Layout.for_features(
                     self._config, [t.name for t in self._table_config],
@@ -312,6 +331,7 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                     len(self._dynamic_inputs)), engine=self._backend.engine)
                 self._ensure_variables()
                 self._built = True
+                self._shut_down = False
                 self._load_variables()
             except BaseException:
                 # Leave nothing configured behind: a fresh object (or this one,
@@ -320,7 +340,7 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                 self._release()
                 raise
 
-    def _configure(self):
+    def _configure(self, takeover=False):
         """Chooses the backend (the one place that knows the kinds) and
         configures it: an engine of this object's own (README "Several
         engines per process": other TPUEmbedding objects and the default
@@ -337,7 +357,7 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                                           self._output_shapes)],
                 replica_offset=self._worker * self._num_replicas)
         if self._worker == 0:
-            self._backend.configure()
+            self._backend.configure(takeover=takeover)
         else:
             self._backend.attach()
 
@@ -432,7 +452,7 @@ class TPUEmbedding(autotrackable.AutoTrackable):
             for var in slots.values():
                 if isinstance(var, _HostVariable):
                     var.on_restore = (lambda t=table: owner() is not None
-                                      and owner()._load_host_table(t))  # pylint: disable=protected-access
+                                      and owner()._restored(t))  # pylint: disable=protected-access
         return variables
 
     @staticmethod
@@ -465,6 +485,18 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         """Host variables -> engine (also TF's checkpoint callback's entry point)."""
         for table in self._table_config:
             self._load_host_table(table)
+
+    def _restored(self, table=None):
+        """A checkpoint restored the host variables of `table` (None: all):
+        load them into the engine.  A restore is an explicit act, so an object
+        shut down after a build is built again (and loads every table)."""
+        with self._lock:
+            if self._shut_down:
+                self._build(None, None, False)
+            elif table is None:
+                self._load_variables()
+            else:
+                self._load_host_table(table)
 
     def _load_host_table(self, table):
         """One table's host variables -> engine (no-op unless this object is
@@ -529,30 +561,32 @@ class TPUEmbedding(autotrackable.AutoTrackable):
             per_replica_w = [self._strategy.experimental_local_results(w) if w is not None
                              else [None] * self._num_replicas for w in flat_weights]
             devices = self._strategy.extended.worker_devices
-            enqueues = []
             for r in range(self._num_replicas):
                 inputs_r = [x[r] for x in per_replica]
                 weights_r = [w[r] for w in per_replica_w]
                 self._maybe_build(inputs_r)
                 with tf.device(devices[r]):
-                    enqueues.append(self._enqueue_op(inputs_r, weights_r, training, r, name))
-            return tf.group(enqueues) if not tf.executing_eagerly() else None
+                    self._enqueue_op(inputs_r, weights_r, training, r, name)
+            return None
         self._maybe_build(flat_inputs)
         if in_replica_fn:
             ordinal = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group,
                               tf.int32)
-            return self._enqueue_op(flat_inputs, flat_weights, training, ordinal, name)
+            self._enqueue_op(flat_inputs, flat_weights, training, ordinal, name)
+            return None
         if device is not None:
             replica = self._replica_of_device(device)
             with tf.device(self._replica_devices()[replica]):
-                return self._enqueue_op(flat_inputs, flat_weights, training, replica, name)
+                self._enqueue_op(flat_inputs, flat_weights, training, replica, name)
+            return None
         if self._num_replicas > 1:
             raise ValueError(
                 "With {} replicas, enqueue needs per-replica inputs (from "
                 "strategy.experimental_distribute_dataset or "
                 "distribute_values_from_function), a device= naming the replica, or "
                 "must be called inside strategy.run.".format(self._num_replicas))
-        return self._enqueue_op(flat_inputs, flat_weights, training, 0, name)
+        self._enqueue_op(flat_inputs, flat_weights, training, 0, name)
+        return None
 
     def _replica_of_device(self, device):
         """The replica ``enqueue(device=...)`` feeds.  TF maps a TPU device to
@@ -589,10 +623,12 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         for path, x, feature in zip(self._paths, flat_inputs, self._flat_features):
             shapes.append(self._input_shape(path, x, feature))
         incoming = self._output_shapes_from_input_shapes(shapes)
-        self._check_output_shapes(incoming)
-        if not self._built:
-            self._update_output_shapes(incoming)
-            self.build()
+        with self._lock:
+            self._check_not_shut_down("enqueue")
+            self._check_output_shapes(incoming)
+            if not self._built:
+                self._update_output_shapes(incoming)
+                self._build(None, None, False)
 
     @staticmethod
     def _input_shape(path, x, feature):
@@ -668,7 +704,16 @@ class TPUEmbedding(autotrackable.AutoTrackable):
 
     # ------------------------------------------------------ dequeue / gradients
 
+    def _check_not_shut_down(self, what):
+        if self._shut_down:
+            raise RuntimeError(
+                "{} called on a TPUEmbedding that was shut down: its engine and tables are "
+                "gone. Call build() to configure it again (the tables are then loaded from "
+                "its host variables), or restore a checkpoint into it; nothing rebuilds it "
+                "implicitly.".format(what))
+
     def _require_built(self, what):
+        self._check_not_shut_down(what)
         if not self._built:
             raise RuntimeError("{} called on unbuilt TPUEmbedding object. Please either "
                                "call enqueue first or manually call the build method."
@@ -741,16 +786,15 @@ class TPUEmbedding(autotrackable.AutoTrackable):
     def shutdown(self):
         """Releases the engine this object configured (its tables are lost:
         save a checkpoint first) so that another TPUEmbedding can be built.
-        Also done when the object is garbage-collected."""
-        if self._built:
-            self._release()
-        self._built = False
-
-    def __del__(self):
-        try:
-            self.shutdown()
-        except Exception:  # pylint: disable=broad-except  (interpreter shutdown)
-            pass
+        Afterwards enqueue/dequeue/apply_gradients raise until ``build()`` (or
+        a checkpoint restore) configures it again.  When the object is
+        garbage collected its engine is released too, from any thread
+        (``engine_registry``'s finalizer; ``Backend.abandon``)."""
+        with self._lock:
+            if self._built:
+                self._release()
+                self._shut_down = True
+            self._built = False
 
 
 def _save_callback(trackables, **unused_kwargs):
@@ -763,7 +807,7 @@ def _save_callback(trackables, **unused_kwargs):
 def _restore_callback(trackables, **unused_kwargs):
     for trackable in trackables.values():
         if isinstance(trackable, TPUEmbedding):
-            trackable._load_variables()  # pylint: disable=protected-access
+            trackable._restored()  # pylint: disable=protected-access
 
 
 registration.register_tf_checkpoint_saver(

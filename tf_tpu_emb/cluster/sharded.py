@@ -76,7 +76,7 @@ class ShardedEngine(backend.Backend):
 
     # ------------------------------------------------------------ lifecycle
 
-    def configure(self):
+    def configure(self, takeover=False):
         """Configures every host's engine (eagerly); RuntimeError naming the
         host when one already has an engine."""
         self.hosts.connect()

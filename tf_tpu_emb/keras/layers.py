@@ -476,12 +476,11 @@ class TPUEmbeddingLayer(keras.layers.Layer):
                                     else pack(flat_w))
         emb = self._acquire(flat_x)
         flat_x, flat_w, actual = self._pad(flat_x, flat_w, st.per_replica_batch, train)
-        enqueue = emb.enqueue(pack(flat_x),
-                              None if all(w is None for w in flat_w) else pack(flat_w),
-                              training=train)
-        deps = [] if enqueue is None or tf.executing_eagerly() else [enqueue]
-        with tf.control_dependencies(deps):
-            outputs = nest.flatten(emb.dequeue())
+        # Program order (tf.function's automatic control dependencies, per
+        # host with cluster=) runs the Recv after the enqueue.
+        emb.enqueue(pack(flat_x), None if all(w is None for w in flat_w) else pack(flat_w),
+                    training=train)
+        outputs = nest.flatten(emb.dequeue())
         if train:
             outputs = emb.hook_step(st.dummies, outputs, self._learning_rates_fn())
         if actual is not None:
