@@ -19,6 +19,8 @@ method                 what it does
 ``enqueue(...)``       one replica's ArbitraryTensorBatch inputs
 ``recv(n, replica)``   that replica's activations (``n`` outputs)
 ``send(...)``          that replica's activation gradients (one Send per step)
+``step_count()``       steps applied (seeds bfloat16 rounding), whether any bf16
+``load_step_count(n)`` a checkpoint's step count -> the engine(s)
 ``replica(local)``     the engine replica of this worker's replica ``local``
 =====================  ======================================================
 
@@ -83,6 +85,15 @@ class Backend(abc.ABC):
         """Sends the replica's activation gradients (``layout.features``
         order) with the dynamic learning rates; returns the op (None eagerly)."""
 
+    @abc.abstractmethod
+    def step_count(self):
+        """``(steps applied, whether a table stores bfloat16)``: the count
+        that seeds stochastic rounding, as tensors (eager)."""
+
+    @abc.abstractmethod
+    def load_step_count(self, count):
+        """Sets the step count (a checkpoint's) on the engine(s)."""
+
     def replica(self, local_replica):
         """The engine replica of this worker's replica ``local_replica`` (an
         int, or an int32 tensor inside ``strategy.run``)."""
@@ -129,6 +140,12 @@ class LocalEngine(Backend):
         values = handles.retrieve(num_shards=1, shard_id=0, table_name=table_name,
                                   engine=self.engine)
         return [values] if isinstance(values, tf.Tensor) else list(values)
+
+    def step_count(self):
+        return ops.retrieve_tpu_embedding_step_count(engine=self.engine)
+
+    def load_step_count(self, count):
+        ops.load_tpu_embedding_step_count(count, engine=self.engine)
 
     def enqueue(self, indices, values, weights, mode, replica, name=None):
         engine_registry.pin(self._lease)

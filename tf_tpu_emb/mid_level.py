@@ -58,6 +58,7 @@ from tensorflow.python.ops import resource_variable_ops
 from tensorflow.python.saved_model import registration
 from tensorflow.python.tpu import tpu_embedding_v2_utils
 from tensorflow.python.trackable import autotrackable
+from tensorflow.python.trackable import data_structures
 from tensorflow.python.util import nest
 
 from tf_tpu_emb import backend as backend_lib
@@ -68,6 +69,10 @@ from tf_tpu_emb import optimizers as optimizers_lib
 from tf_tpu_emb import send as send_lib
 
 _logger = logging.getLogger(__name__)
+
+# bfloat16 storage only: the checkpointed step count seeding its stochastic
+# rounding (float32 checkpoints keep TF's TPU-embedding layout exactly).
+STEP_VARIABLE = "stochastic_rounding_step"
 
 
 def _under_tpu_strategy():
@@ -207,6 +212,7 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         self._backend = None
         self._layout = None
         self._variables = {}
+        self._step_variable = None
 
     # ------------------------------------------------------------- properties
 
@@ -330,6 +336,7 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                                                self._output_shapes)],
                     len(self._dynamic_inputs)), engine=self._backend.engine)
                 self._ensure_variables()
+                self._ensure_step_variable()
                 self._built = True
                 self._shut_down = False
                 self._load_variables()
@@ -426,6 +433,26 @@ class TPUEmbedding(autotrackable.AutoTrackable):
             with tf.init_scope():
                 self._variables = self._create_variables_and_slots()
 
+    def _ensure_step_variable(self):
+        """With bfloat16 storage the engine's step count seeds stochastic
+        rounding, so a checkpoint carries it (``STEP_VARIABLE``, int64) and a
+        resumed run rounds as the uninterrupted one; created at the first
+        build that finds a bfloat16 table (a checkpoint restored before that
+        initialises it, as for the tables)."""
+        if self._step_variable is not None or not self._backend.step_count()[1]:
+            return
+
+        def getter(name, shape, dtype, initializer, trainable):
+            return _plain_variable(lambda: initializer(shape, dtype=dtype), name, trainable)
+
+        with tf.init_scope():
+            var = self._add_variable_with_custom_getter(
+                name=STEP_VARIABLE, initializer=tf.zeros_initializer(), shape=(),
+                dtype=tf.int64, getter=getter, trainable=False)
+        owner = weakref.ref(self)
+        var.on_restore = lambda: owner() is not None and owner()._restored(STEP_VARIABLE)  # pylint: disable=protected-access
+        self._step_variable = data_structures.NoDependency(var)
+
     def _create_variables_and_slots(self):
         """Host variables named as TF names them, created through
         ``_add_variable_with_custom_getter`` so that a checkpoint restored
@@ -485,6 +512,12 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         """Host variables -> engine (also TF's checkpoint callback's entry point)."""
         for table in self._table_config:
             self._load_host_table(table)
+        self._load_step_count()
+
+    def _load_step_count(self):
+        if self._built and self._backend.configured and self._step_variable is not None:
+            with tf.init_scope():
+                self._backend.load_step_count(self._step_variable)
 
     def _restored(self, table=None):
         """A checkpoint restored the host variables of `table` (None: all):
@@ -495,6 +528,8 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                 self._build(None, None, False)
             elif table is None:
                 self._load_variables()
+            elif table == STEP_VARIABLE:
+                self._load_step_count()
             else:
                 self._load_host_table(table)
 
@@ -513,6 +548,8 @@ class TPUEmbedding(autotrackable.AutoTrackable):
             for table in self._table_config:
                 for n, value in zip(self._table_ops(table).tensors, self.retrieve_table(table)):
                     self._variables[table.name][n].assign(value)
+            if self._step_variable is not None:
+                self._step_variable.assign(self._backend.step_count()[0])
 
     def load_table(self, table, values):
         """Writes a whole table's state tensors (``table_state_names(table)``

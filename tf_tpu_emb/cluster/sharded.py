@@ -123,6 +123,18 @@ class ShardedEngine(backend.Backend):
 
     # ---------------------------------------------------------- tables
 
+    def step_count(self):
+        """Host 0's step count (every host applies every step) and whether a
+        table stores bfloat16 there."""
+        with tf.device(self._device(0)):
+            return ops.retrieve_tpu_embedding_step_count(engine=self.engine)
+
+    def load_step_count(self, count):
+        """Every host's step count (bfloat16 rounding seeds, checkpoints)."""
+        for k in range(self.num_hosts):
+            with tf.device(self._device(k)):
+                ops.load_tpu_embedding_step_count(count, engine=self.engine)
+
     def load(self, handles, table_name, values):
         """Loads a whole table's state tensors (``handles.tensors`` order,
         each ``[vocabulary_size, dim]``) into every host's shard."""
