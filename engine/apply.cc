@@ -11,6 +11,7 @@
 
 #include "core/cpu_dispatch.h"
 #include "engine/engine.h"
+#include "tsl/platform/denormal.h"
 #include "tsl/platform/threadpool.h"  // every TF 2.16-2.21 ships this path
 
 namespace tf_tpu_emb {
@@ -191,6 +192,8 @@ void Engine::ApplyStep(const std::vector<std::unique_ptr<StepPart>>& parts,
   std::mutex thrown_mu;
   auto run = [&](int64_t n, int64_t cost, const std::function<void(int64_t, int64_t)>& fn) {
     auto guarded = [&](int64_t begin, int64_t end) {
+      // Subnormals flush to zero in row updates as in lookups (semantics §4.2).
+      ::tsl::port::ScopedFlushDenormal flush;
       try {
         fn(begin, end);
       } catch (...) {
