@@ -192,14 +192,40 @@ absl::Status Engine::InstallLeased(EnginePtr engine, const std::string& name,
   return status;
 }
 
-absl::Status Engine::RenewLease(const std::string& name) {
+void Engine::RenewLease(const std::string& name, std::string* lost, int64_t* step_count) {
   Engine* engine = nullptr;
-  TF_RETURN_IF_ERROR(Current("RenewTPUEmbeddingLease", &engine, name));
+  {
+    std::lock_guard<std::mutex> lock(g_registry_mu);
+    auto it = Registry().find(name);
+    if (it != Registry().end()) {
+      it->second.renewed = Clock::now();
+      engine = it->second.engine;
+      engine->Ref();
+    }
+  }
+  if (engine == nullptr) {
+    Engine* none = nullptr;
+    *lost = std::string(Current("RenewTPUEmbeddingLease", &none, name).message());
+    *step_count = -1;
+    return;
+  }
+  {
+    std::shared_lock<std::shared_mutex> tables(engine->tables_mutex());
+    *step_count = static_cast<int64_t>(engine->steps_applied());
+  }
   engine->Unref();
-  std::lock_guard<std::mutex> lock(g_registry_mu);
-  auto it = Registry().find(name);
-  if (it != Registry().end()) it->second.renewed = Clock::now();
-  return absl::OkStatus();
+  lost->clear();
+}
+
+std::string Engine::ClaimHost(const std::string& name, bool takeover) {
+  std::vector<Engine*> evicted;
+  absl::Status status;
+  {
+    std::lock_guard<std::mutex> lock(g_registry_mu);
+    status = CheckLeasesLocked(name, takeover, &evicted);
+  }
+  for (Engine* e : evicted) ShutdownUnlocked(e, "its host lease was taken over");
+  return std::string(status.message());
 }
 
 std::string Engine::LeasedEngine() {

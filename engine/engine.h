@@ -93,8 +93,14 @@ class Engine : public ::tensorflow::ResourceBase {
   // if another configure took the host in between).
   static absl::Status InstallLeased(EnginePtr engine, const std::string& name,
                                     double lease_seconds);
-  // Renews the lease of `name`; FailedPrecondition saying why when it is gone.
-  static absl::Status RenewLease(const std::string& name);
+  // Renews the lease of `name` and reads its step count; when it is gone,
+  // *lost says why (and *step_count is -1).  Never an error: a remote op
+  // that fails taints the host's executor for the trainer's other ops.
+  static void RenewLease(const std::string& name, std::string* lost, int64_t* step_count);
+  // What a leased configure of `name` would meet, evicting what may be
+  // evicted: "" (the host may be configured) or the refusal naming the
+  // holder.  Never an error (see RenewLease).
+  static std::string ClaimHost(const std::string& name, bool takeover);
   // The name of the leased engine installed in this process, or "".
   static std::string LeasedEngine();
   // "the default TPU embedding engine" or "TPU embedding engine 'name'".

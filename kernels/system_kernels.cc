@@ -118,11 +118,35 @@ class RenewLeaseOp : public OpKernel {
   explicit RenewLeaseOp(OpKernelConstruction* ctx)
       : OpKernel(ctx), engine_(EngineName(ctx->def())) {}
   void Compute(OpKernelContext* ctx) override {
-    OP_REQUIRES_OK(ctx, Engine::RenewLease(engine_));
+    Tensor *lost, *step_count;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &lost));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({}), &step_count));
+    std::string why;
+    int64_t steps = -1;
+    Engine::RenewLease(engine_, &why, &steps);
+    lost->scalar<::tensorflow::tstring>()() = why;
+    step_count->scalar<int64_t>()() = steps;
   }
 
  private:
   const std::string engine_;
+};
+
+class ClaimHostOp : public OpKernel {
+ public:
+  explicit ClaimHostOp(OpKernelConstruction* ctx)
+      : OpKernel(ctx), engine_(EngineName(ctx->def())) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("takeover", &takeover_));
+  }
+  void Compute(OpKernelContext* ctx) override {
+    Tensor* refusal;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &refusal));
+    refusal->scalar<::tensorflow::tstring>()() = Engine::ClaimHost(engine_, takeover_);
+  }
+
+ private:
+  const std::string engine_;
+  bool takeover_ = false;
 };
 
 class LeasedEngineOp : public OpKernel {
@@ -138,6 +162,7 @@ class LeasedEngineOp : public OpKernel {
 bool RegisterKernels() {
   RegisterCpuKernel<RenewLeaseOp>("RenewTPUEmbeddingLease", /*core=*/false);
   RegisterCpuKernel<LeasedEngineOp>("LeasedTPUEmbeddingEngine", /*core=*/false);
+  RegisterCpuKernel<ClaimHostOp>("ClaimTPUEmbeddingHost", /*core=*/false);
   RegisterCpuKernel<TPUEmbeddingActivationsOp>("TPUEmbeddingActivations");
   RegisterCpuKernel<ConfigureOp>("ConfigureTPUEmbedding");
   RegisterCpuKernel<ConfigureOp>("ConfigureTPUEmbeddingHostShard", /*core=*/false);

@@ -478,12 +478,30 @@ TTE_OP("LoadTPUEmbeddingStepCount")
       return c->WithRank(c->input(0), 0, &scalar);
     });
 
-// A trainer's heartbeat: renews the host lease of the engine it names
-// (FailedPrecondition saying why when the engine is gone).
+// A trainer's heartbeat: renews the host lease of the engine it names and
+// reads its step count; `lost` says why when the engine is gone ("" when
+// renewed; step_count is then -1).  Never fails: a failing remote op taints
+// the host's executor for the trainer's other ops.
 TTE_OP("RenewTPUEmbeddingLease")
+    .Output("lost: string")
+    .Output("step_count: int64")
     .Attr(kEngineAttr)
     .SetIsStateful()
-    .SetShapeFn(::tensorflow::shape_inference::NoOutputs);
+    .SetShapeFn([](InferenceContext* c) -> absl::Status {
+      c->set_output(0, c->Scalar());
+      c->set_output(1, c->Scalar());
+      return absl::OkStatus();
+    });
+
+// Before a leased configure of `engine`: evicts leases that ended (and, with
+// `takeover`, one that runs) and returns "" when the host may be configured,
+// else the refusal naming the holder and when its lease ends (never fails).
+TTE_OP("ClaimTPUEmbeddingHost")
+    .Output("refusal: string")
+    .Attr("takeover: bool = false")
+    .Attr(kEngineAttr)
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape);
 
 // The name of the engine whose host lease runs in this process, or "" (what
 // workers other than 0 attach to).

@@ -22,6 +22,9 @@ method                 what it does
 ``step_count()``       steps applied (seeds bfloat16 rounding), whether any bf16
 ``load_step_count(n)`` a checkpoint's step count -> the engine(s)
 ``replica(local)``     the engine replica of this worker's replica ``local``
+``abandon()``          the owner was collected (no op may run): release later
+``stale()``            must ``reconfigure()`` before a restore loads the tables
+``errors()``           context raising eager errors that name their host
 =====================  ======================================================
 
 ``h`` is an ``ops.table_ops(...)`` handle set, ``t`` the table's name, ``v``
@@ -30,6 +33,7 @@ Every method builds its ops in the caller's context (eager: runs them), so
 one ``tf.function`` step holds every engine op of the step.
 """
 import abc
+import contextlib
 import weakref
 
 import tensorflow as tf
@@ -99,13 +103,34 @@ class Backend(abc.ABC):
         int, or an int32 tensor inside ``strategy.run``)."""
         return local_replica
 
+    # Lifecycle hooks with defaults for an engine of this process.
+
+    def abandon(self):
+        """The owner was collected without ``shutdown`` (called by its
+        finalizer: any thread, maybe inside a trace, so no op)."""
+
+    def stale(self):
+        """Whether the engines must be configured again before a restore
+        loads them (a reconnect after a host restart)."""
+        return False
+
+    def reconfigure(self):
+        """Configures the engines afresh (same names); the caller loads the tables."""
+        raise NotImplementedError("a %s is never stale" % type(self).__name__)
+
+    def errors(self):
+        """A context in which eager errors of this backend's ops get raised
+        (remote errors naming their host)."""
+        return contextlib.nullcontext()
+
 
 class LocalEngine(Backend):
     """An engine of this process under the pooled name ``engine_registry``
     gives ``owner`` (the :class:`tf_tpu_emb.TPUEmbedding`), which the
     registry records as its owner: the engine lives until ``shutdown`` or
-    until the owner is collected.  Every method that builds ops in a graph
-    pins the name to that graph (``engine_registry.pin``)."""
+    until the owner is collected (the registry's finalizer releases it, so
+    ``abandon`` has nothing left to do).  Every method that builds ops in a
+    graph pins the name to that graph (``engine_registry.pin``)."""
 
     def __init__(self, config, combiners, owner):
         self.config = config

@@ -362,7 +362,9 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                                              f.table.combiner)
                 for path, f, shape in zip(self._paths, self._flat_features,
                                           self._output_shapes)],
-                replica_offset=self._worker * self._num_replicas)
+                replica_offset=self._worker * self._num_replicas, owner=self)
+        # Collected without shutdown: the backend lets go without ops.
+        self._abandon = weakref.finalize(self, self._backend.abandon)
         if self._worker == 0:
             self._backend.configure(takeover=takeover)
         else:
@@ -370,6 +372,7 @@ class TPUEmbedding(autotrackable.AutoTrackable):
 
     def _release(self):
         if self._backend is not None:
+            self._abandon.detach()
             self._backend.shutdown()
 
     def _output_shapes_from_input_shapes(self, input_shapes):
@@ -516,7 +519,7 @@ class TPUEmbedding(autotrackable.AutoTrackable):
 
     def _load_step_count(self):
         if self._built and self._backend.configured and self._step_variable is not None:
-            with tf.init_scope():
+            with tf.init_scope(), self._backend.errors():
                 self._backend.load_step_count(self._step_variable)
 
     def _restored(self, table=None):
@@ -526,6 +529,12 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         with self._lock:
             if self._shut_down:
                 self._build(None, None, False)
+            elif self._built and self._backend.stale():
+                # After hosts.reconnect() (a restarted host): every host afresh,
+                # then every table from the host variables (README "Running on
+                # several machines", recovery).
+                self._backend.reconfigure()
+                self._load_variables()
             elif table is None:
                 self._load_variables()
             elif table == STEP_VARIABLE:
@@ -556,13 +565,15 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         order, each ``[vocabulary_size, dim]``) into the engine (every host's
         shard of it with ``cluster=``).  After ``build``."""
         self._require_built("load_table")
-        return self._backend.load(self._table_ops(table), table.name, values)
+        with self._backend.errors():
+            return self._backend.load(self._table_ops(table), table.name, values)
 
     def retrieve_table(self, table):
         """A whole table's state tensors (``table_state_names(table)`` order)
         from the engine (reassembled from the hosts with ``cluster=``)."""
         self._require_built("retrieve_table")
-        return self._backend.retrieve(self._table_ops(table), table.name)
+        with self._backend.errors():
+            return self._backend.retrieve(self._table_ops(table), table.name)
 
     # ---------------------------------------------------------------- enqueue
 
@@ -736,8 +747,9 @@ class TPUEmbedding(autotrackable.AutoTrackable):
             mode = "train" if training else "inference"
         else:
             mode = tf.where(tf.convert_to_tensor(training), "train", "inference")
-        return self._backend.enqueue(indices, values, weights, mode,
-                                     self._backend.replica(device_ordinal), name=name)
+        with self._backend.errors():
+            return self._backend.enqueue(indices, values, weights, mode,
+                                         self._backend.replica(device_ordinal), name=name)
 
     # ------------------------------------------------------ dequeue / gradients
 
@@ -760,8 +772,9 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         """This replica's activations for the oldest enqueued step, in the
         feature config's structure (each ``output_shape + [dim]``)."""
         self._require_built("dequeue")
-        outputs = self._backend.recv(len(self._flat_features),
-                                     self._backend.replica(self._replica_id()), name=name)
+        with self._backend.errors():
+            outputs = self._backend.recv(len(self._flat_features),
+                                         self._backend.replica(self._replica_id()), name=name)
         return nest.pack_sequence_as(self._feature_config, outputs)
 
     def apply_gradients(self, gradients, name=None):
@@ -790,8 +803,9 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                                  .format(gradient.shape, path, full_shape))
             updated.append(gradient)
         rates = [fn() for fn in self._dynamic_inputs]
-        return self._backend.send(self._layout, updated, rates,
-                                  self._backend.replica(self._replica_id()), name=name)
+        with self._backend.errors():
+            return self._backend.send(self._layout, updated, rates,
+                                      self._backend.replica(self._replica_id()), name=name)
 
     def hook_step(self, dummy_variables, recv_outputs, learning_rate_fn=None):
         """``tf_tpu_emb.gradients.hook_step`` for this object's step: the flat

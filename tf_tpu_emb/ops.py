@@ -49,7 +49,7 @@ CORE_OP_NAMES = (
 EXTRA_OP_NAMES = ("ShutdownTPUEmbedding", "ConfigureTPUEmbeddingHostShard", "EmbeddingBag",
                   "EmbeddingBagGrad", "RetrieveTPUEmbeddingStepCount",
                   "LoadTPUEmbeddingStepCount", "RenewTPUEmbeddingLease",
-                  "LeasedTPUEmbeddingEngine") + tuple(
+                  "LeasedTPUEmbeddingEngine", "ClaimTPUEmbeddingHost") + tuple(
     n for o, n in zip(OPTIMIZERS * 2, _table_op_names("Load") + _table_op_names("Retrieve"))
     if not o.core_has_table_ops)
 
@@ -220,9 +220,18 @@ def configure_tpu_embedding_host_shard(config, host_id, lease_seconds=0.0, takeo
 
 
 def renew_tpu_embedding_lease(engine="", name=None):
-    """Renews the host lease of ``engine`` (a trainer's heartbeat);
-    FailedPrecondition saying why when that engine is gone."""
+    """Renews the host lease of ``engine`` (a trainer's heartbeat):
+    ``(lost, step_count)``, lost = "" when renewed, else why the engine is
+    gone (step_count -1).  Never fails: a remote op that fails taints the
+    host's executor for the trainer's other ops."""
     return _gen("RenewTPUEmbeddingLease")(engine=engine, name=name)
+
+
+def claim_tpu_embedding_host(takeover=False, engine="", name=None):
+    """Before a leased configure of ``engine``: evicts leases that ended
+    (with ``takeover``, also one that runs); returns "" when the host may be
+    configured, else the refusal naming the holder.  Never fails."""
+    return _gen("ClaimTPUEmbeddingHost")(takeover=bool(takeover), engine=engine, name=name)
 
 
 def leased_tpu_embedding_engine(name=None):
