@@ -40,13 +40,14 @@ a TPU it drives this library's CPU engine:
   replicas (keep it in sync with a multi-worker strategy, as for any
   data-parallel model).  Checkpoints stay whole tables.
 
-This module is one concept, TF's ``TPUEmbedding`` surface, and at about 680
+This module is one concept, TF's ``TPUEmbedding`` surface, and at about 720
 lines it is over the ~600-line mark on purpose: the parts that are not the
-class's own contract already live elsewhere (shape rules in ``layout``, the
-Send in ``send``, engine ownership in ``engine_registry``, table descriptors in
-``optimizers``).
+class's own contract already live elsewhere (the engine(s) behind it in
+``backend`` and ``cluster.sharded``, shape rules in ``layout``, input
+conversion in ``enqueue_inputs``, host variables in ``host_variables``, the
+Send in ``send``, engine ownership in ``engine_registry``, table descriptors
+in ``optimizers``).
 """
-import collections.abc
 import dataclasses
 import logging
 import threading
@@ -54,7 +55,6 @@ import weakref
 
 import tensorflow as tf
 from tensorflow.core.protobuf.tpu import tpu_embedding_configuration_pb2 as config_pb2
-from tensorflow.python.ops import resource_variable_ops
 from tensorflow.python.saved_model import registration
 from tensorflow.python.tpu import tpu_embedding_v2_utils
 from tensorflow.python.trackable import autotrackable
@@ -62,7 +62,9 @@ from tensorflow.python.trackable import data_structures
 from tensorflow.python.util import nest
 
 from tf_tpu_emb import backend as backend_lib
+from tf_tpu_emb import enqueue_inputs
 from tf_tpu_emb import gradients as gradients_lib
+from tf_tpu_emb import host_variables
 from tf_tpu_emb import layout as layout_lib
 from tf_tpu_emb import ops
 from tf_tpu_emb import optimizers as optimizers_lib
@@ -70,54 +72,13 @@ from tf_tpu_emb import send as send_lib
 
 _logger = logging.getLogger(__name__)
 
-# bfloat16 storage only: the checkpointed step count seeding its stochastic
-# rounding (float32 checkpoints keep TF's TPU-embedding layout exactly).
-STEP_VARIABLE = "stochastic_rounding_step"
+STEP_VARIABLE = host_variables.STEP_VARIABLE
 
 
 def _under_tpu_strategy():
     strategy = tf.distribute.get_strategy()
     return isinstance(strategy, (tf.distribute.TPUStrategy,
                                  tf.distribute.experimental.TPUStrategy))
-
-
-class _HostVariable(resource_variable_ops.ResourceVariable):
-    """A table's host variable.  When a checkpoint restores it (eagerly) it
-    calls ``on_restore`` so that the owner reloads the table into the
-    engine: checkpoints written by TF's own classes (or by plain variables)
-    do not carry this module's checkpoint callback, whose restore hook
-    therefore never runs for them."""
-
-    on_restore = None
-
-    def _restore_from_tensors(self, restored_tensors):
-        result = super()._restore_from_tensors(restored_tensors)
-        if self.on_restore is not None and tf.executing_eagerly():
-            self.on_restore()  # pylint: disable=not-callable
-        return result
-
-
-def _plain_variable(initial_value, name, trainable):
-    """A host variable that never becomes a distributed one, whatever
-    strategy scope is active (ResourceVariable bypasses the creator stack)."""
-    with tf.init_scope(), tf.device("/CPU:0"):
-        return _HostVariable(initial_value=initial_value, name=name, trainable=trainable)
-
-
-def _flatten_shapes(shapes):
-    """``build``'s per-replica input shapes, flattened (TF compares flattened
-    structures), each shape -- a ``TensorShape`` or a list/tuple of ints and
-    None -- one leaf."""
-    def to_shapes(x):
-        if isinstance(x, tf.TensorShape) or (
-                isinstance(x, (list, tuple)) and all(d is None or isinstance(d, int) for d in x)):
-            return tf.TensorShape(x)
-        if isinstance(x, collections.abc.Mapping):
-            return {k: to_shapes(v) for k, v in x.items()}
-        if isinstance(x, (list, tuple)):
-            return [to_shapes(v) for v in x]
-        return x
-    return nest.flatten(to_shapes(shapes))
 
 
 class TPUEmbedding(autotrackable.AutoTrackable):
@@ -310,7 +271,7 @@ class TPUEmbedding(autotrackable.AutoTrackable):
             per_replica_input_shapes, per_replica_batch_size = None, per_replica_input_shapes
         incoming = None
         if per_replica_input_shapes is not None:
-            flat_shapes = _flatten_shapes(per_replica_input_shapes)
+            flat_shapes = enqueue_inputs.flatten_shapes(per_replica_input_shapes)
             nest.assert_same_structure(flat_shapes, self._flat_features)
             incoming = self._output_shapes_from_input_shapes(flat_shapes)
         elif per_replica_batch_size is not None:
@@ -431,59 +392,22 @@ class TPUEmbedding(autotrackable.AutoTrackable):
 
     def _ensure_variables(self):
         """Creates the host variables once (``embedding_tables`` may have
-        created them before ``build``)."""
+        created them before ``build``), named as TF names them."""
         if not self._variables:
-            with tf.init_scope():
-                self._variables = self._create_variables_and_slots()
+            owner = weakref.ref(self)
+            self._variables = host_variables.create_table_variables(
+                self, self._table_config, self._optimizer_of,
+                lambda t: owner() is not None and owner()._restored(t))  # pylint: disable=protected-access
 
     def _ensure_step_variable(self):
-        """With bfloat16 storage the engine's step count seeds stochastic
-        rounding, so a checkpoint carries it (``STEP_VARIABLE``, int64) and a
-        resumed run rounds as the uninterrupted one; created at the first
-        build that finds a bfloat16 table (a checkpoint restored before that
-        initialises it, as for the tables)."""
+        """bfloat16 storage: the checkpointed step count
+        (``host_variables.STEP_VARIABLE``), created at the first build that
+        finds a bfloat16 table."""
         if self._step_variable is not None or not self._backend.step_count()[1]:
             return
-
-        def getter(name, shape, dtype, initializer, trainable):
-            return _plain_variable(lambda: initializer(shape, dtype=dtype), name, trainable)
-
-        with tf.init_scope():
-            var = self._add_variable_with_custom_getter(
-                name=STEP_VARIABLE, initializer=tf.zeros_initializer(), shape=(),
-                dtype=tf.int64, getter=getter, trainable=False)
         owner = weakref.ref(self)
-        var.on_restore = lambda: owner() is not None and owner()._restored(STEP_VARIABLE)  # pylint: disable=protected-access
-        self._step_variable = data_structures.NoDependency(var)
-
-    def _create_variables_and_slots(self):
-        """Host variables named as TF names them, created through
-        ``_add_variable_with_custom_getter`` so that a checkpoint restored
-        before ``build`` initialises them directly (as in TF)."""
-        variables = {}
-        for table in self._table_config:
-            shape = (table.vocabulary_size, table.dim)
-
-            def getter(name, shape, dtype, initializer, trainable, _shape=shape):
-                del shape
-                return _plain_variable(lambda: initializer(_shape, dtype=dtype), name, trainable)
-
-            def creator(name, initializer, trainable, _shape=shape):
-                return self._add_variable_with_custom_getter(
-                    name=name, initializer=initializer, shape=_shape, dtype=tf.float32,
-                    getter=getter, trainable=trainable)
-
-            parameters = creator(table.name, table.initializer, trainable=False)
-            slots = self._optimizer_of(table)._create_slots(  # pylint: disable=protected-access
-                parameters, lambda name, init, t=table: creator(t.name + "/" + name, init, False))
-            slots["parameters"] = parameters
-            variables[table.name] = slots
-            owner = weakref.ref(self)
-            for var in slots.values():
-                if isinstance(var, _HostVariable):
-                    var.on_restore = (lambda t=table: owner() is not None
-                                      and owner()._restored(t))  # pylint: disable=protected-access
-        return variables
+        self._step_variable = data_structures.NoDependency(host_variables.create_step_variable(
+            self, lambda: owner() is not None and owner()._restored(STEP_VARIABLE)))  # pylint: disable=protected-access
 
     @staticmethod
     def _optimizer_of(table):
@@ -669,7 +593,7 @@ class TPUEmbedding(autotrackable.AutoTrackable):
     def _maybe_build(self, flat_inputs):
         shapes = []
         for path, x, feature in zip(self._paths, flat_inputs, self._flat_features):
-            shapes.append(self._input_shape(path, x, feature))
+            shapes.append(enqueue_inputs.input_shape(path, x, feature))
         incoming = self._output_shapes_from_input_shapes(shapes)
         with self._lock:
             self._check_not_shut_down("enqueue")
@@ -678,75 +602,10 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                 self._update_output_shapes(incoming)
                 self._build(None, None, False)
 
-    @staticmethod
-    def _input_shape(path, x, feature):
-        shape = None
-        if isinstance(x, (tf.SparseTensor, tf.RaggedTensor)) and x.shape.rank is not None:
-            shape = x.shape.as_list()
-        if isinstance(x, tf.SparseTensor):
-            if shape is None or len(shape) < 2:
-                raise ValueError("Only rank 2 and above sparse tensor is supported, find "
-                                 "rank {} sparse tensor for input {}"
-                                 .format(None if shape is None else len(shape), path))
-            return tf.TensorShape(shape)
-        if isinstance(x, tf.RaggedTensor):
-            if shape is None or len(shape) != 2:
-                raise ValueError("Only rank 2 ragged tensor is supported, find rank {} "
-                                 "ragged tensor for input {}"
-                                 .format(None if shape is None else len(shape), path))
-            return tf.TensorShape(shape)
-        if isinstance(x, tf.Tensor) or hasattr(x, "shape"):
-            x = tf.convert_to_tensor(x)
-            shape = x.shape.as_list()
-            if len(shape) < 1:
-                raise ValueError("Only rank 1 and above dense tensor is supported, find "
-                                 "rank {} sparse tensor for input {}".format(len(shape), path))
-            if len(shape) > 1 and shape[-1] != 1:
-                raise ValueError(
-                    "Rank 2 or above dense tensor should have last dimension as 1 as the "
-                    "last dimension will always be reduced. Instead got dense tensor as "
-                    "shape {}".format(shape))
-            return tf.TensorShape(shape)
-        raise ValueError("Input {} is of unknown type {}. Please only pass Tensor, "
-                         "SparseTensor or RaggedTensor as input to enqueue."
-                         .format(path, type(x)))
-
     def _enqueue_op(self, flat_inputs, flat_weights, training, device_ordinal, name):
-        indices, values, weights = [], [], []
-        int_zeros = tf.zeros([0], tf.int32)
-        float_zeros = tf.zeros([0], tf.float32)
-        for path, x, w, feature in zip(self._paths, flat_inputs, flat_weights,
-                                       self._flat_features):
-            if isinstance(x, tf.SparseTensor):
-                sample_indices = tf.cast(x.indices, tf.int32)
-                if (x.shape.rank == 2 and not feature.output_shape
-                        and feature.max_sequence_length > 0):
-                    sample_indices = tf.pad(sample_indices, [[0, 0], [0, 1]])
-                indices.append(sample_indices)
-                values.append(tf.cast(x.values, tf.int64))
-                if w is not None and not isinstance(w, tf.SparseTensor):
-                    raise ValueError("Weight for {} is type {} which does not match type "
-                                     "input which is SparseTensor.".format(path, type(w)))
-                weights.append(float_zeros if w is None else tf.cast(w.values, tf.float32))
-            elif isinstance(x, tf.RaggedTensor):
-                indices.append(tf.cast(x.row_splits, tf.int32))
-                values.append(tf.cast(x.values, tf.int64))
-                if w is not None and not isinstance(w, tf.RaggedTensor):
-                    raise ValueError("Weight for {} is type {} which does not match type "
-                                     "input which is RaggedTensor.".format(path, type(w)))
-                weights.append(float_zeros if w is None else tf.cast(w.values, tf.float32))
-            else:
-                if w is not None:
-                    raise ValueError("Weight specified for dense input {}, which is not "
-                                     "allowed. Weight will always be 1 in this case."
-                                     .format(path))
-                indices.append(int_zeros)
-                values.append(tf.cast(tf.reshape(x, [-1]), tf.int64))
-                weights.append(float_zeros)
-        if isinstance(training, bool):
-            mode = "train" if training else "inference"
-        else:
-            mode = tf.where(tf.convert_to_tensor(training), "train", "inference")
+        indices, values, weights = enqueue_inputs.arbitrary_tensor_batch(
+            self._paths, self._flat_features, flat_inputs, flat_weights)
+        mode = enqueue_inputs.mode_of(training)
         with self._backend.errors():
             return self._backend.enqueue(indices, values, weights, mode,
                                          self._backend.replica(device_ordinal), name=name)
