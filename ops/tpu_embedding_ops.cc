@@ -458,16 +458,18 @@ TTE_OP("EmbeddingBagGrad")
 namespace tf_tpu_emb {
 namespace {
 
+absl::Status TwoScalars(InferenceContext* c) {
+  c->set_output(0, c->Scalar());
+  c->set_output(1, c->Scalar());
+  return absl::OkStatus();
+}
+
 TTE_OP("RetrieveTPUEmbeddingStepCount")
     .Output("step_count: int64")
     .Output("stochastic_rounding: bool")
     .Attr(kEngineAttr)
     .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) -> absl::Status {
-      c->set_output(0, c->Scalar());
-      c->set_output(1, c->Scalar());
-      return absl::OkStatus();
-    });
+    .SetShapeFn(TwoScalars);
 
 TTE_OP("LoadTPUEmbeddingStepCount")
     .Input("step_count: int64")
@@ -487,11 +489,7 @@ TTE_OP("RenewTPUEmbeddingLease")
     .Output("step_count: int64")
     .Attr(kEngineAttr)
     .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) -> absl::Status {
-      c->set_output(0, c->Scalar());
-      c->set_output(1, c->Scalar());
-      return absl::OkStatus();
-    });
+    .SetShapeFn(TwoScalars);
 
 // Before a leased configure of `engine`: evicts leases that ended (and, with
 // `takeover`, one that runs) and returns "" when the host may be configured,

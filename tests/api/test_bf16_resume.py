@@ -56,20 +56,25 @@ def tables(emb):
     return [v.numpy() for v in emb.retrieve_table(table)]
 
 
-def test_bf16_resume_equals_the_uninterrupted_run(monkeypatch, tmp_path):
-    monkeypatch.setenv("TF_TPU_EMB_STORAGE", "bf16")
+def _uninterrupted_and_checkpoint(tmp_path):
+    """(the tables after STEPS steps, a checkpoint after CUT of them)."""
     whole = make()
     whole.build(B)
     train(whole, range(STEPS))
     want = tables(whole)
     whole.shutdown()
-
     first = make()
     first.build(B)
     train(first, range(CUT))
     path = tf.train.Checkpoint(embedding=first).save(str(tmp_path / "ckpt"))
     train(first, range(CUT, CUT + 2))  # work after the save: lost
     first.shutdown()
+    return want, path
+
+
+def test_bf16_resume_equals_the_uninterrupted_run(monkeypatch, tmp_path):
+    monkeypatch.setenv("TF_TPU_EMB_STORAGE", "bf16")
+    want, path = _uninterrupted_and_checkpoint(tmp_path)
     reader = tf.train.load_checkpoint(path)
     assert reader.get_tensor(KEY % mid_level.STEP_VARIABLE) == CUT
 
@@ -92,16 +97,7 @@ def test_bf16_resume_equals_the_uninterrupted_run(monkeypatch, tmp_path):
 def test_without_the_step_count_the_resume_would_differ(monkeypatch, tmp_path):
     """The test above can fail: restarting the count at 0 rounds differently."""
     monkeypatch.setenv("TF_TPU_EMB_STORAGE", "bf16")
-    whole = make()
-    whole.build(B)
-    train(whole, range(STEPS))
-    want = tables(whole)
-    whole.shutdown()
-    first = make()
-    first.build(B)
-    train(first, range(CUT))
-    path = tf.train.Checkpoint(embedding=first).save(str(tmp_path / "ckpt"))
-    first.shutdown()
+    want, path = _uninterrupted_and_checkpoint(tmp_path)
     resumed = make()
     resumed.build(B)
     tf.train.Checkpoint(embedding=resumed).restore(path)

@@ -45,22 +45,27 @@ _NO_KERNEL_MARKERS = ("no registered kernels", "not registered", "Could not find
                       "No OpKernel was registered", "neither a type of a primitive operation")
 
 
+def seconds_setting(value, variable, default, argument):
+    """A duration setting: `value` (the `argument`), else the environment
+    `variable`, else `default`; ValueError naming its source unless a number
+    of seconds > 0."""
+    source = argument
+    if value is None:
+        raw = os.environ.get(variable)
+        value, source = (default, "default") if raw in (None, "") else (raw, variable)
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise ValueError("%s must be a number of seconds, got %r" % (source, value)) from None
+    if not seconds > 0:
+        raise ValueError("%s must be > 0, got %r" % (source, value))
+    return seconds
+
+
 def host_timeout_s(timeout_s=None):
     """The reachability timeout: the argument, else the environment variable,
     else the default.  Raises ValueError for a value that is not > 0."""
-    if timeout_s is None:
-        raw = os.environ.get(TIMEOUT_ENV)
-        timeout_s = DEFAULT_TIMEOUT_S if raw in (None, "") else raw
-        source = TIMEOUT_ENV if raw not in (None, "") else "default"
-    else:
-        source = "timeout_s"
-    try:
-        value = float(timeout_s)
-    except (TypeError, ValueError):
-        raise ValueError("%s must be a number of seconds, got %r" % (source, timeout_s)) from None
-    if not value > 0:
-        raise ValueError("%s must be > 0, got %r" % (source, timeout_s))
-    return value
+    return seconds_setting(timeout_s, TIMEOUT_ENV, DEFAULT_TIMEOUT_S, "timeout_s")
 
 
 class EmbeddingHosts:
@@ -99,7 +104,7 @@ class EmbeddingHosts:
         self.addresses = [cluster_spec.task_address(job, k) for k in indices]
         self._connected_spec = None
         self._client_address = client_address
-        self.lease_s = lease.lease_seconds(lease_s)
+        self.lease_s = seconds_setting(lease_s, lease.LEASE_ENV, lease.DEFAULT_LEASE_S, "lease_s")
         # Bumped by every (re)connect: engines configured before a reconnect
         # are reconfigured by the next restore (ShardedEngine.stale).
         self.generation = 0

@@ -35,23 +35,6 @@ LEASE_ENV = "TF_TPU_EMB_HOST_LEASE_SECONDS"
 DEFAULT_LEASE_S = 30.0
 
 
-def lease_seconds(lease_s=None):
-    """The lease length: the argument, else the environment variable, else
-    the default; ValueError unless a number > 0."""
-    source = "lease_s"
-    if lease_s is None:
-        raw = os.environ.get(LEASE_ENV)
-        lease_s, source = ((DEFAULT_LEASE_S, "default") if raw in (None, "")
-                           else (raw, LEASE_ENV))
-    try:
-        value = float(lease_s)
-    except (TypeError, ValueError):
-        raise ValueError("%s must be a number of seconds, got %r" % (source, lease_s)) from None
-    if not value > 0:
-        raise ValueError("%s must be > 0, got %r" % (source, lease_s))
-    return value
-
-
 def _session_prefix():
     machine = "".join(c if c.isalnum() else "-" for c in socket.gethostname())[:32]
     return "trainer_%s_%d_%06x" % (machine, os.getpid(), random.getrandbits(24))
