@@ -26,7 +26,6 @@ else 30 s.
 """
 import atexit
 import os
-import random
 import socket
 import threading
 import weakref
@@ -37,7 +36,9 @@ DEFAULT_LEASE_S = 30.0
 
 def _session_prefix():
     machine = "".join(c if c.isalnum() else "-" for c in socket.gethostname())[:32]
-    return "trainer_%s_%d_%06x" % (machine, os.getpid(), random.getrandbits(24))
+    # os.urandom, not the random module: a user's seeded random stream (e.g.
+    # keras.utils.set_random_seed before the first cluster import) must not move.
+    return "trainer_%s_%d_%s" % (machine, os.getpid(), os.urandom(3).hex())
 
 
 #: The prefix of this process's host-engine names (a trainer session).
