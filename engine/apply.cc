@@ -11,6 +11,7 @@
 
 #include "core/cpu_dispatch.h"
 #include "engine/engine.h"
+#include "tsl/platform/denormal.h"
 #include "tsl/platform/threadpool.h"  // every TF 2.16-2.21 ships this path
 
 namespace tf_tpu_emb {
@@ -184,12 +185,15 @@ void Engine::ApplyStep(const std::vector<std::unique_ptr<StepPart>>& parts,
                        ::tsl::thread::ThreadPool* pool) {
   const int num_tables = tables_.size();
   std::vector<TableStep> steps(num_tables);
+  const uint64_t step = steps_applied_++;
   // An exception must not leave a pool thread (it would terminate the
   // process): the first one is rethrown here, to the kernel's guard.
   std::exception_ptr thrown;
   std::mutex thrown_mu;
   auto run = [&](int64_t n, int64_t cost, const std::function<void(int64_t, int64_t)>& fn) {
     auto guarded = [&](int64_t begin, int64_t end) {
+      // Subnormals flush to zero in row updates as in lookups (semantics §4.2).
+      ::tsl::port::ScopedFlushDenormal flush;
       try {
         fn(begin, end);
       } catch (...) {
@@ -214,7 +218,7 @@ void Engine::ApplyStep(const std::vector<std::unique_ptr<StepPart>>& parts,
       const float lr = s.lr_tag >= 0 ? dynamic_inputs[s.lr_tag] : s.lr_constant;
       ts.args.lr = lr;
       ts.decay = s.weight_decay * (s.decay_times_lr ? lr : 1.0f);
-      ts.seed = MixBits((static_cast<uint64_t>(t) << 48) ^ table.steps_applied++);
+      ts.seed = MixBits((static_cast<uint64_t>(t) << 48) ^ step);
       if (s.non_lazy) std::fill(table.touched.begin(), table.touched.end(), 0);
 
       int64_t total = 0;

@@ -1,19 +1,21 @@
 #include "engine/engine.h"
 
-// Engine lifecycle: the process registry (Current/Install/Shutdown) and
-// configure (Init: validate and complete the config, check the memory
-// budget, allocate tables and slots, fix every per-table setting).
+// Engine lifecycle: the process registry (Current/Install/Shutdown, host
+// leases) and configure (Init: validate and complete the config, reserve
+// the memory budget, allocate tables and slots, fix every per-table setting).
 #include <algorithm>
-#include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "tensorflow/core/platform/errors.h"
 
 namespace tf_tpu_emb {
@@ -21,13 +23,100 @@ namespace tf_tpu_emb {
 // --------------------------------------------------------- engine registry
 
 namespace {
+using Clock = std::chrono::steady_clock;
+
+struct Entry {
+  Engine* engine = nullptr;  // owns one reference
+  double lease_seconds = 0;  // > 0: a host lease (EvictLeases/RenewLease)
+  Clock::time_point renewed;
+};
+
 std::mutex g_registry_mu;
-// name -> engine; each entry owns one reference.
-std::map<std::string, Engine*>& Registry() {
-  static auto* registry = new std::map<std::string, Engine*>();
+// name -> engine, under g_registry_mu.
+std::map<std::string, Entry>& Registry() {
+  static auto* registry = new std::map<std::string, Entry>();
   return *registry;
 }
-std::atomic<int64_t> g_live_state_bytes{0};
+// Why recently evicted leased engines are gone (name -> reason), so that
+// their trainer's next op says so; bounded, under g_registry_mu.
+std::deque<std::pair<std::string, std::string>>& Gone() {
+  static auto* gone = new std::deque<std::pair<std::string, std::string>>();
+  return *gone;
+}
+constexpr size_t kMaxGone = 64;
+
+void ForgetGone(const std::string& name) {
+  auto& gone = Gone();
+  gone.erase(std::remove_if(gone.begin(), gone.end(),
+                            [&](const auto& g) { return g.first == name; }),
+             gone.end());
+}
+
+std::string Seconds(double s) { return absl::StrFormat("%.1f s", s); }
+
+// The memory budget's reservations (Engine::ReserveMemory), under
+// g_memory_mu: every live engine's bytes, and those of engines still
+// allocating (not yet visible in MemAvailable).
+std::mutex g_memory_mu;
+int64_t g_reserved_bytes = 0;
+int64_t g_pending_bytes = 0;
+
+double SecondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+bool LeaseRuns(const Entry& e) {
+  return e.lease_seconds > 0 && SecondsSince(e.renewed) < e.lease_seconds;
+}
+
+// Uninstalls `it` (under g_registry_mu); the caller shuts the engine down
+// outside the lock (ShutdownUnlocked).
+Engine* Uninstall(std::map<std::string, Entry>::iterator it, const std::string& why) {
+  Engine* engine = it->second.engine;
+  if (!why.empty()) {
+    Gone().push_back({it->first, why});
+    if (Gone().size() > kMaxGone) Gone().pop_front();
+  }
+  Registry().erase(it);
+  return engine;
+}
+
+void ShutdownUnlocked(Engine* engine, const std::string& reason) {
+  // Kernels still running hold their own references.
+  engine->CancelWaits(reason);
+  engine->Unref();
+}
+
+// FailedPrecondition when a lease other than `name`'s runs and `takeover`
+// is not set; else collects in *evicted the leased engines to remove (under
+// g_registry_mu).
+absl::Status CheckLeasesLocked(const std::string& name, bool takeover,
+                               std::vector<Engine*>* evicted) {
+  auto& registry = Registry();
+  for (auto it = registry.begin(); it != registry.end();) {
+    const Entry& e = it->second;
+    if (it->first == name || e.lease_seconds <= 0) {
+      ++it;
+      continue;
+    }
+    const double idle = SecondsSince(e.renewed);
+    if (LeaseRuns(e) && !takeover) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "this host's tables are held by trainer session '", it->first,
+          "' (its last heartbeat was ", Seconds(idle), " ago; its lease of ",
+          Seconds(e.lease_seconds), " ends in ", Seconds(e.lease_seconds - idle),
+          "): shut that trainer's TPUEmbedding down, wait for its lease to end, or "
+          "build with takeover=True"));
+    }
+    const std::string why =
+        LeaseRuns(e) ? absl::StrCat("it was taken over by trainer session '", name, "'")
+                     : absl::StrCat("its lease of ", Seconds(e.lease_seconds),
+                                    " ended without a heartbeat (for ", Seconds(idle),
+                                    ") and trainer session '", name, "' took the host");
+    evicted->push_back(Uninstall(it++, why));
+  }
+  return absl::OkStatus();
+}
 }  // namespace
 
 std::string Engine::Label(const std::string& name) {
@@ -39,12 +128,20 @@ absl::Status Engine::Current(const std::string& op, Engine** engine, const std::
   std::lock_guard<std::mutex> lock(g_registry_mu);
   auto it = Registry().find(name);
   if (it == Registry().end()) {
+    for (const auto& [gone, why] : Gone()) {
+      if (gone == name) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            op, ": ", Label(name), " is not configured any more: ", why,
+            "; this trainer lost the host: build the TPUEmbedding again (takeover=True "
+            "to take the host back) and restore the last checkpoint"));
+      }
+    }
     return absl::FailedPreconditionError(absl::StrCat(
         op, ": ", Label(name), " is not configured; run ConfigureTPUEmbedding",
         name.empty() ? "" : absl::StrCat(" with engine='", name, "'"), " first"));
   }
-  it->second->Ref();
-  *engine = it->second;
+  it->second.engine->Ref();
+  *engine = it->second.engine;
   return absl::OkStatus();
 }
 
@@ -55,8 +152,88 @@ absl::Status Engine::Install(EnginePtr engine, const std::string& name) {
         "ConfigureTPUEmbedding: ", Label(name),
         " is already configured; run ShutdownTPUEmbedding before configuring it again"));
   }
-  Registry()[name] = engine.release();
+  ForgetGone(name);
+  Registry()[name].engine = engine.release();
   return absl::OkStatus();
+}
+
+absl::Status Engine::EvictLeases(const std::string& name, bool takeover) {
+  std::vector<Engine*> evicted;
+  absl::Status status;
+  {
+    std::lock_guard<std::mutex> lock(g_registry_mu);
+    status = CheckLeasesLocked(name, takeover, &evicted);
+  }
+  for (Engine* e : evicted) ShutdownUnlocked(e, "its host lease was taken over");
+  return status;
+}
+
+absl::Status Engine::InstallLeased(EnginePtr engine, const std::string& name,
+                                   double lease_seconds) {
+  std::vector<Engine*> evicted;
+  absl::Status status;
+  {
+    std::lock_guard<std::mutex> lock(g_registry_mu);
+    // A concurrent configure may have taken the host since EvictLeases.
+    status = CheckLeasesLocked(name, /*takeover=*/false, &evicted);
+    if (status.ok() && Registry().count(name) != 0) {
+      status = absl::FailedPreconditionError(absl::StrCat(
+          "ConfigureTPUEmbeddingHostShard: ", Label(name), " is already configured"));
+    }
+    if (status.ok()) {
+      ForgetGone(name);
+      Entry& entry = Registry()[name];
+      entry.engine = engine.release();
+      entry.lease_seconds = lease_seconds;
+      entry.renewed = Clock::now();
+    }
+  }
+  for (Engine* e : evicted) ShutdownUnlocked(e, "its host lease ended");
+  return status;
+}
+
+void Engine::RenewLease(const std::string& name, std::string* lost, int64_t* step_count) {
+  Engine* engine = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_registry_mu);
+    auto it = Registry().find(name);
+    if (it != Registry().end()) {
+      it->second.renewed = Clock::now();
+      engine = it->second.engine;
+      engine->Ref();
+    }
+  }
+  if (engine == nullptr) {
+    Engine* none = nullptr;
+    *lost = std::string(Current("RenewTPUEmbeddingLease", &none, name).message());
+    *step_count = -1;
+    return;
+  }
+  {
+    std::shared_lock<std::shared_mutex> tables(engine->tables_mutex());
+    *step_count = static_cast<int64_t>(engine->steps_applied());
+  }
+  engine->Unref();
+  lost->clear();
+}
+
+std::string Engine::ClaimHost(const std::string& name, bool takeover) {
+  std::vector<Engine*> evicted;
+  absl::Status status;
+  {
+    std::lock_guard<std::mutex> lock(g_registry_mu);
+    status = CheckLeasesLocked(name, takeover, &evicted);
+  }
+  for (Engine* e : evicted) ShutdownUnlocked(e, "its host lease was taken over");
+  return std::string(status.message());
+}
+
+std::string Engine::LeasedEngine() {
+  std::lock_guard<std::mutex> lock(g_registry_mu);
+  for (const auto& [name, entry] : Registry()) {
+    if (LeaseRuns(entry)) return name;
+  }
+  return "";
 }
 
 bool Engine::IsConfigured(const std::string& name) {
@@ -69,28 +246,26 @@ void Engine::Shutdown(const std::string& name) {
   {
     std::lock_guard<std::mutex> lock(g_registry_mu);
     auto it = Registry().find(name);
-    if (it != Registry().end()) {
-      old = it->second;
-      Registry().erase(it);
-    }
+    if (it != Registry().end()) old = Uninstall(it, "");
   }
-  // Kernels still running hold their own references.
-  if (old != nullptr) {
-    old->CancelWaits("ShutdownTPUEmbedding ran while this op waited");
-    old->Unref();
-  }
+  if (old != nullptr) ShutdownUnlocked(old, "ShutdownTPUEmbedding ran while this op waited");
 }
 
-void Engine::InterruptAllWaits(const std::string& reason) {
+namespace {
+// A reference to every installed engine (for the process-wide wait controls).
+std::vector<EnginePtr> LiveEngines() {
   std::vector<EnginePtr> engines;
-  {
-    std::lock_guard<std::mutex> lock(g_registry_mu);
-    for (auto& entry : Registry()) {
-      entry.second->Ref();
-      engines.emplace_back(entry.second);
-    }
+  std::lock_guard<std::mutex> lock(g_registry_mu);
+  for (auto& entry : Registry()) {
+    entry.second.engine->Ref();
+    engines.emplace_back(entry.second.engine);
   }
-  for (auto& engine : engines) engine->InterruptWaits(reason);
+  return engines;
+}
+}  // namespace
+
+void Engine::InterruptAllWaits(const std::string& reason) {
+  for (auto& engine : LiveEngines()) engine->InterruptWaits(reason);
 }
 
 void Engine::CloseWaits(double grace_seconds) {
@@ -101,23 +276,26 @@ void Engine::CloseWaits(double grace_seconds) {
   closing.grace_seconds = grace_seconds;
   closing.deadline = deadline.time_since_epoch().count();
   closing.closing = true;
-  std::vector<EnginePtr> engines;
-  {
-    std::lock_guard<std::mutex> lock(g_registry_mu);
-    for (auto& entry : Registry()) {
-      entry.second->Ref();
-      engines.emplace_back(entry.second);
-    }
-  }
-  for (auto& engine : engines) {
+  for (auto& engine : LiveEngines()) {
     std::lock_guard<std::mutex> lock(engine->queue_mu_);
     engine->step_barrier_.Shorten(deadline);
   }
 }
 
-int64_t Engine::LiveStateBytes() { return g_live_state_bytes.load(); }
+int64_t Engine::LiveStateBytes() {
+  std::lock_guard<std::mutex> lock(g_memory_mu);
+  return g_reserved_bytes;
+}
 
-Engine::~Engine() { g_live_state_bytes -= state_bytes_; }
+Engine::~Engine() {
+  std::lock_guard<std::mutex> lock(g_memory_mu);
+  g_reserved_bytes -= reserved_bytes_;
+  if (reservation_pending_) g_pending_bytes -= reserved_bytes_;
+}
+
+bool Engine::stochastic_rounding() const {
+  return std::any_of(tables_.begin(), tables_.end(), [](const Table& t) { return t.bf16; });
+}
 
 std::string Engine::DebugString() const {
   return absl::StrCat("tf_tpu_emb engine with ", tables_.size(), " tables, ",
@@ -238,15 +416,11 @@ absl::Status MemoryBudget(int64_t* budget, std::string* source) {
   return absl::OkStatus();
 }
 
-// ResourceExhausted, before anything is allocated, when the tables and
-// their optimizer slots need more bytes than the memory budget; *total is
-// what they need.  `rows[t]`: the rows of table t this engine holds (its
-// host's shard).  TF_TPU_EMB_MEMORY_LIMIT_BYTES bounds every live engine
-// together (`live` bytes are held already); the other budgets are measured
-// free memory, which the live engines have taken already.
-absl::Status CheckMemoryBudget(const TPUEmbeddingConfiguration& config,
-                               const std::vector<int64_t>& rows, int64_t live,
-                               int64_t* total_bytes) {
+// The bytes of every table's state (parameters and slots) over `rows[t]`
+// rows of table t (this engine's shard); *largest names the biggest three.
+absl::Status StateBytes(const TPUEmbeddingConfiguration& config,
+                        const std::vector<int64_t>& rows, int64_t* total_bytes,
+                        std::string* largest) {
   std::vector<std::pair<int64_t, int>> bytes;  // (bytes, table)
   int64_t total = 0;
   for (int t = 0; t < config.table_descriptor_size(); ++t) {
@@ -259,27 +433,59 @@ absl::Status CheckMemoryBudget(const TPUEmbeddingConfiguration& config,
     bytes.push_back({*b, t});
   }
   *total_bytes = total;
-  int64_t budget = -1;
-  std::string source;
-  TF_RETURN_IF_ERROR(MemoryBudget(&budget, &source));
-  if (source != "TF_TPU_EMB_MEMORY_LIMIT_BYTES") live = 0;
-  if (budget < 0 || (total <= budget && live <= budget - total)) return absl::OkStatus();
   std::sort(bytes.begin(), bytes.end(), std::greater<>());
-  std::string largest;
   for (size_t i = 0; i < std::min<size_t>(3, bytes.size()); ++i) {
-    absl::StrAppend(&largest, i ? ", " : "", "'",
+    absl::StrAppend(largest, i ? ", " : "", "'",
                     config.table_descriptor(bytes[i].second).name(), "' ", bytes[i].first);
   }
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "ConfigureTPUEmbedding: the tables and their optimizer slots need ", total,
-      " bytes",
-      live > 0 ? absl::StrCat(" (other live engines hold ", live, " bytes)") : "",
-      " but the memory budget is ", budget, " bytes (", source,
-      "); largest tables (bytes): ", largest,
-      ". Set TF_TPU_EMB_MEMORY_LIMIT_BYTES to change the budget."));
+  return absl::OkStatus();
 }
 
 }  // namespace
+
+// The memory budget is a reservation: under one lock, the tables' bytes are
+// checked against the budget and reserved before anything is allocated, so
+// engines configured at the same instant cannot both pass; ~Engine (a failed
+// configure or a shutdown) returns them.  TF_TPU_EMB_MEMORY_LIMIT_BYTES
+// bounds every live engine together; the measured budgets (MemAvailable, a
+// cgroup's room) already see allocated engines, so only reservations still
+// being allocated (pending) are subtracted from them.  ResourceExhausted
+// names what the others hold.
+absl::Status Engine::ReserveMemory(const std::vector<int64_t>& rows) {
+  int64_t total = 0;
+  std::string largest;
+  TF_RETURN_IF_ERROR(StateBytes(config_, rows, &total, &largest));
+  std::lock_guard<std::mutex> lock(g_memory_mu);
+  int64_t budget = -1;
+  std::string source;
+  TF_RETURN_IF_ERROR(MemoryBudget(&budget, &source));
+  const bool limit = source == "TF_TPU_EMB_MEMORY_LIMIT_BYTES";
+  const int64_t others = limit ? g_reserved_bytes : g_pending_bytes;
+  if (budget >= 0 && !(total <= budget && others <= budget - total)) {
+    std::string held;
+    if (others > 0) {
+      held = limit ? absl::StrCat(" (other live engines hold ", others, " bytes)")
+                   : absl::StrCat(" (other engines being configured now have reserved ",
+                                  others, " bytes not yet allocated)");
+    }
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "ConfigureTPUEmbedding: the tables and their optimizer slots need ", total,
+        " bytes", held, " but the memory budget is ", budget, " bytes (", source,
+        "); largest tables (bytes): ", largest,
+        ". Set TF_TPU_EMB_MEMORY_LIMIT_BYTES to change the budget."));
+  }
+  reserved_bytes_ = total;
+  reservation_pending_ = true;
+  g_reserved_bytes += total;
+  g_pending_bytes += total;
+  return absl::OkStatus();
+}
+
+void Engine::CommitReservation() {
+  std::lock_guard<std::mutex> lock(g_memory_mu);
+  if (reservation_pending_) g_pending_bytes -= reserved_bytes_;
+  reservation_pending_ = false;
+}
 
 absl::Status Engine::Init(const std::string& config_bytes, int host_id) {
   if (config_bytes.empty()) {
@@ -386,8 +592,7 @@ absl::Status Engine::Init(const std::string& config_bytes, int host_id) {
 
   std::vector<int64_t> rows;
   for (const Table& table : tables_) rows.push_back(table.vocabulary_size);
-  int64_t state_bytes = 0;
-  TF_RETURN_IF_ERROR(CheckMemoryBudget(config_, rows, LiveStateBytes(), &state_bytes));
+  TF_RETURN_IF_ERROR(ReserveMemory(rows));
   TF_RETURN_IF_ERROR(ReadStorageFromEnvironment(&tables_));
   for (Table& table : tables_) {
     const int64_t n = table.vocabulary_size * table.dimension;  // bounded by ValidateConfig
@@ -403,8 +608,7 @@ absl::Status Engine::Init(const std::string& config_bytes, int host_id) {
     }
     if (table.update.non_lazy) table.touched.assign(table.vocabulary_size, 0);
   }
-  state_bytes_ = state_bytes;
-  g_live_state_bytes += state_bytes_;
+  CommitReservation();
   queues_.resize(num_replicas_);
   in_flight_.resize(num_replicas_);
   in_flight_state_.assign(num_replicas_, kNoBatch);

@@ -73,9 +73,36 @@ class Engine : public ::tensorflow::ResourceBase {
   // Recv returns Cancelled); kernels still running keep their reference, and
   // its memory is released with the last one.
   static void Shutdown(const std::string& name = "");
-  // Bytes of table and slot state held by every engine alive in the process
-  // (installed or still referenced): the memory budget counts them all.
+  // Bytes of table and slot state reserved by every engine alive in the
+  // process (installed, still referenced, or being configured): the memory
+  // budget counts them all (Init reserves before it allocates).
   static int64_t LiveStateBytes();
+
+  // Leases of an embedding host (README "Running on several machines"): a
+  // trainer's engine on a host is leased for `lease_seconds` and kept by
+  // RenewLease (the trainer's heartbeat).  A host holds at most one leased
+  // engine whose lease runs: a leased configure evicts expired ones (and,
+  // with `takeover`, a running one) and is otherwise refused with
+  // FailedPrecondition naming the holder and when its lease ends.  An
+  // evicted engine's later ops fail naming why it is gone.
+  //
+  // Step 1 of a leased configure, before allocating: evicts what may be
+  // evicted (see above) or refuses.
+  static absl::Status EvictLeases(const std::string& name, bool takeover);
+  // Step 2: installs `engine` as `name` holding a lease (refused as above
+  // if another configure took the host in between).
+  static absl::Status InstallLeased(EnginePtr engine, const std::string& name,
+                                    double lease_seconds);
+  // Renews the lease of `name` and reads its step count; when it is gone,
+  // *lost says why (and *step_count is -1).  Never an error: a remote op
+  // that fails taints the host's executor for the trainer's other ops.
+  static void RenewLease(const std::string& name, std::string* lost, int64_t* step_count);
+  // What a leased configure of `name` would meet, evicting what may be
+  // evicted: "" (the host may be configured) or the refusal naming the
+  // holder.  Never an error (see RenewLease).
+  static std::string ClaimHost(const std::string& name, bool takeover);
+  // The name of the leased engine installed in this process, or "".
+  static std::string LeasedEngine();
   // "the default TPU embedding engine" or "TPU embedding engine 'name'".
   static std::string Label(const std::string& name);
 
@@ -114,6 +141,14 @@ class Engine : public ::tensorflow::ResourceBase {
 
   // Guards table contents: lookups share it, Load/Send hold it exclusively.
   std::shared_mutex& tables_mutex() { return tables_mu_; }
+  // Training steps applied so far (under tables_mutex()): the count that
+  // seeds bfloat16 storage's stochastic rounding (engine/apply.cc), part of
+  // a checkpoint (RetrieveTPUEmbeddingStepCount / LoadTPUEmbeddingStepCount)
+  // so that a resumed run rounds as the uninterrupted one.
+  uint64_t steps_applied() const { return steps_applied_; }
+  void set_steps_applied(uint64_t steps) { steps_applied_ = steps; }
+  // Whether a table stores bfloat16 (the step count seeds its rounding).
+  bool stochastic_rounding() const;
 
   // Queues `batch` for `replica` and resumes the oldest Recv waiting on
   // that replica (only that replica), if its step allows.
@@ -201,7 +236,13 @@ class Engine : public ::tensorflow::ResourceBase {
   int table_without_learning_rate_ = -1;
   bool check_numerics_ = false;
   bool pipelined_ = false;
-  int64_t state_bytes_ = 0;  // counted in LiveStateBytes while this engine lives
+  uint64_t steps_applied_ = 0;
+  // The memory reservation (engine.cc): bytes counted in LiveStateBytes while
+  // this engine lives; `pending` until its tables are allocated.
+  int64_t reserved_bytes_ = 0;
+  bool reservation_pending_ = false;
+  absl::Status ReserveMemory(const std::vector<int64_t>& rows);
+  void CommitReservation();
 
   // With queue_mu_ held: whether replica's Recv can complete now; Resolve
   // then pops its batch (or the step's abort error).

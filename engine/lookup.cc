@@ -6,6 +6,7 @@
 
 #include "core/cpu_dispatch.h"
 #include "engine/engine.h"
+#include "tsl/platform/denormal.h"
 #include "tsl/platform/threadpool.h"  // every TF 2.16-2.21 ships this path
 
 namespace tf_tpu_emb {
@@ -118,6 +119,9 @@ void Engine::Lookup(const Batch& batch, const std::vector<float*>& out,
   const int64_t cost = (1 + total_ids / total) * avg_dim * 4 + avg_dim;
 
   auto work = [&](int64_t begin, int64_t end) {
+    // float32 subnormals flush to zero, as on a TPU and in TF's CPU kernels
+    // (semantics §4.2), whichever thread runs this part.
+    ::tsl::port::ScopedFlushDenormal flush;
     LookupRange(*this, batch, out, starts, begin, end);
   };
   if (pool == nullptr) {

@@ -70,9 +70,9 @@ struct Table {
   std::vector<std::unique_ptr<FloatBuffer>> state;
   // Reduced-precision storage: every state buffer holds bfloat16; row
   // updates compute in float32 and round stochastically, seeded by the
-  // number of steps applied so far (results do not depend on threads).
+  // number of steps the engine applied so far (results do not depend on
+  // threads; Engine::steps_applied).
   bool bf16 = false;
-  uint64_t steps_applied = 0;
   std::vector<std::string> state_names;  // incl. trailing gradient_accumulators
   // Non-lazy optimizers: the rows the step being applied touched (scratch of
   // the backward step, one byte per row, allocated at configure).

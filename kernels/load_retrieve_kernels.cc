@@ -248,7 +248,41 @@ class RetrieveAllOp : public AllTablesOpBase {
   }
 };
 
+// The step count seeding bfloat16 storage's stochastic rounding (a
+// checkpoint's part of the engine that is not a table; Engine::steps_applied).
+class RetrieveStepCountOp : public OpKernel {
+ public:
+  explicit RetrieveStepCountOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  void Compute(OpKernelContext* ctx) override {
+    EngineRef engine;
+    OP_REQUIRES_OK(ctx, engine.Acquire(ctx, "RetrieveTPUEmbeddingStepCount"));
+    Tensor *count, *rounding;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &count));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({}), &rounding));
+    std::shared_lock<std::shared_mutex> lock(engine->tables_mutex());
+    count->scalar<int64_t>()() = static_cast<int64_t>(engine->steps_applied());
+    rounding->scalar<bool>()() = engine->stochastic_rounding();
+  }
+};
+
+class LoadStepCountOp : public OpKernel {
+ public:
+  explicit LoadStepCountOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  void Compute(OpKernelContext* ctx) override {
+    EngineRef engine;
+    OP_REQUIRES_OK(ctx, engine.Acquire(ctx, "LoadTPUEmbeddingStepCount"));
+    const int64_t count = ctx->input(0).scalar<int64_t>()();
+    OP_REQUIRES(ctx, count >= 0, absl::InvalidArgumentError(absl::StrCat(
+                                     "LoadTPUEmbeddingStepCount: step_count must be >= 0, got ",
+                                     count)));
+    std::unique_lock<std::shared_mutex> lock(engine->tables_mutex());
+    engine->set_steps_applied(static_cast<uint64_t>(count));
+  }
+};
+
 bool RegisterKernels() {
+  RegisterCpuKernel<RetrieveStepCountOp>("RetrieveTPUEmbeddingStepCount", /*core=*/false);
+  RegisterCpuKernel<LoadStepCountOp>("LoadTPUEmbeddingStepCount", /*core=*/false);
   RegisterCpuKernel<LoadAllOp>("LoadAllTPUEmbeddingParameters");
   RegisterCpuKernel<RetrieveAllOp>("RetrieveAllTPUEmbeddingParameters");
   for (const OptimizerSpec& spec : AllOptimizers()) {

@@ -66,17 +66,26 @@ class ConfigureOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("config", &config_));
     if (::tensorflow::HasNodeAttr(ctx->def(), "host_id")) {
       OP_REQUIRES_OK(ctx, ctx->GetAttr("host_id", &host_id_));
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("lease_seconds", &lease_seconds_));
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("takeover", &takeover_));
     }
   }
   void Compute(OpKernelContext* ctx) override {
+    const bool leased = lease_seconds_ > 0;
+    // A host lease evicts (or refuses) before allocating: a taken-over
+    // engine's memory must not count against its successor's budget.
+    if (leased) OP_REQUIRES_OK(ctx, Engine::EvictLeases(engine_, takeover_));
     EnginePtr engine;
     OP_REQUIRES_OK(ctx, Engine::Create(config_, &engine, host_id_));
-    OP_REQUIRES_OK(ctx, Engine::Install(std::move(engine), engine_));
+    OP_REQUIRES_OK(ctx, leased ? Engine::InstallLeased(std::move(engine), engine_, lease_seconds_)
+                               : Engine::Install(std::move(engine), engine_));
   }
 
  private:
   std::string config_;
   int host_id_ = -1;  // -1: TF's whole-table configure
+  float lease_seconds_ = 0;
+  bool takeover_ = false;
   const std::string engine_;
 };
 
@@ -104,7 +113,56 @@ class ShutdownOp : public OpKernel {
   const std::string engine_;
 };
 
+class RenewLeaseOp : public OpKernel {
+ public:
+  explicit RenewLeaseOp(OpKernelConstruction* ctx)
+      : OpKernel(ctx), engine_(EngineName(ctx->def())) {}
+  void Compute(OpKernelContext* ctx) override {
+    Tensor *lost, *step_count;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &lost));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({}), &step_count));
+    std::string why;
+    int64_t steps = -1;
+    Engine::RenewLease(engine_, &why, &steps);
+    lost->scalar<::tensorflow::tstring>()() = why;
+    step_count->scalar<int64_t>()() = steps;
+  }
+
+ private:
+  const std::string engine_;
+};
+
+class ClaimHostOp : public OpKernel {
+ public:
+  explicit ClaimHostOp(OpKernelConstruction* ctx)
+      : OpKernel(ctx), engine_(EngineName(ctx->def())) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("takeover", &takeover_));
+  }
+  void Compute(OpKernelContext* ctx) override {
+    Tensor* refusal;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &refusal));
+    refusal->scalar<::tensorflow::tstring>()() = Engine::ClaimHost(engine_, takeover_);
+  }
+
+ private:
+  const std::string engine_;
+  bool takeover_ = false;
+};
+
+class LeasedEngineOp : public OpKernel {
+ public:
+  explicit LeasedEngineOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  void Compute(OpKernelContext* ctx) override {
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<::tensorflow::tstring>()() = Engine::LeasedEngine();
+  }
+};
+
 bool RegisterKernels() {
+  RegisterCpuKernel<RenewLeaseOp>("RenewTPUEmbeddingLease", /*core=*/false);
+  RegisterCpuKernel<LeasedEngineOp>("LeasedTPUEmbeddingEngine", /*core=*/false);
+  RegisterCpuKernel<ClaimHostOp>("ClaimTPUEmbeddingHost", /*core=*/false);
   RegisterCpuKernel<TPUEmbeddingActivationsOp>("TPUEmbeddingActivations");
   RegisterCpuKernel<ConfigureOp>("ConfigureTPUEmbedding");
   RegisterCpuKernel<ConfigureOp>("ConfigureTPUEmbeddingHostShard", /*core=*/false);
@@ -119,3 +177,21 @@ bool RegisterKernels() {
 }  // namespace
 }  // namespace kernels
 }  // namespace tf_tpu_emb
+
+// C entry points for the Python package (ctypes, tf_tpu_emb/engine_registry.py):
+// releasing an engine from a finalizer must create no TF op (it may run on
+// any thread, inside another thread's tf.function trace).
+extern "C" {
+
+__attribute__((visibility("default"))) void TfTpuEmbReleaseEngine(const char* name) {
+  try {
+    tf_tpu_emb::Engine::Shutdown(name == nullptr ? "" : name);
+  } catch (...) {  // nothing may cross the C boundary
+  }
+}
+
+__attribute__((visibility("default"))) int64_t TfTpuEmbLiveStateBytes() {
+  return tf_tpu_emb::Engine::LiveStateBytes();
+}
+
+}  // extern "C"

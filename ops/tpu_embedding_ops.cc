@@ -181,9 +181,14 @@ TTE_OP("ConfigureTPUEmbedding")
 // holds only shard host_id of num_hosts of every table and slot, in the
 // config's sharding_strategy (docs/tpu_embedding_semantics.md §2.7): the rows
 // Load/Retrieve(num_shards=num_hosts, shard_id=host_id) address.
+// With lease_seconds > 0 the engine is a trainer's host lease (README
+// "Running on several machines"; Engine::EvictLeases): refused while another
+// lease runs unless `takeover`, kept by RenewTPUEmbeddingLease.
 TTE_OP("ConfigureTPUEmbeddingHostShard")
     .Attr("config: string")
     .Attr("host_id: int >= 0")
+    .Attr("lease_seconds: float = 0")
+    .Attr("takeover: bool = false")
     .Attr(kEngineAttr)
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::NoOutputs);
@@ -451,6 +456,67 @@ TTE_OP("EmbeddingBagGrad")
       c->set_output(0, c->Matrix(c->Dim(c->input(2), 0), c->Dim(c->input(0), 1)));
       return absl::OkStatus();
     });
+
+}  // namespace
+}  // namespace tf_tpu_emb
+
+// ------------------------------------------------- engine lifecycle (ours)
+// The step count that seeds bfloat16 storage's stochastic rounding, moved
+// with a checkpoint (Engine::steps_applied); `stochastic_rounding` says
+// whether a table of the engine stores bfloat16 (the count matters).
+
+namespace tf_tpu_emb {
+namespace {
+
+absl::Status TwoScalars(InferenceContext* c) {
+  c->set_output(0, c->Scalar());
+  c->set_output(1, c->Scalar());
+  return absl::OkStatus();
+}
+
+TTE_OP("RetrieveTPUEmbeddingStepCount")
+    .Output("step_count: int64")
+    .Output("stochastic_rounding: bool")
+    .Attr(kEngineAttr)
+    .SetIsStateful()
+    .SetShapeFn(TwoScalars);
+
+TTE_OP("LoadTPUEmbeddingStepCount")
+    .Input("step_count: int64")
+    .Attr(kEngineAttr)
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) -> absl::Status {
+      ShapeHandle scalar;
+      return c->WithRank(c->input(0), 0, &scalar);
+    });
+
+// A trainer's heartbeat: renews the host lease of the engine it names and
+// reads its step count; `lost` says why when the engine is gone ("" when
+// renewed; step_count is then -1).  Never fails: a failing remote op taints
+// the host's executor for the trainer's other ops.
+TTE_OP("RenewTPUEmbeddingLease")
+    .Output("lost: string")
+    .Output("step_count: int64")
+    .Attr(kEngineAttr)
+    .SetIsStateful()
+    .SetShapeFn(TwoScalars);
+
+// Before a leased configure of `engine`: evicts leases that ended (and, with
+// `takeover`, one that runs) and returns "" when the host may be configured,
+// else the refusal naming the holder and when its lease ends (never fails).
+TTE_OP("ClaimTPUEmbeddingHost")
+    .Output("refusal: string")
+    .Attr("takeover: bool = false")
+    .Attr(kEngineAttr)
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape);
+
+// The name of the engine whose host lease runs in this process, or "" (what
+// workers other than 0 attach to).
+TTE_OP("LeasedTPUEmbeddingEngine")
+    .Output("engine: string")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape);
 
 }  // namespace
 }  // namespace tf_tpu_emb

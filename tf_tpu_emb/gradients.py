@@ -233,14 +233,6 @@ def create_dummy_variables(layout, name_prefix="tpu_embedding_dummy_table_variab
             for n in layout.table_names]
 
 
-def _device_of(tensor):
-    """The device `tensor` was computed on ('' when a graph left it unplaced)."""
-    if isinstance(tensor, _tf_ops.EagerTensor):
-        return tensor.device
-    op = getattr(tensor, "op", None)
-    return op.device if op is not None else ""
-
-
 class _StepCollector:
     """Gradients of one step's lookups, turned into one Send by F's gradient."""
 
@@ -256,7 +248,7 @@ class _StepCollector:
             learning_rate_fn = _WeakCallable(learning_rate_fn)
         self.learning_rate_fn = learning_rate_fn
         self.recv_outputs = recv_outputs
-        self.device = _device_of(recv_outputs[0]) if recv_outputs else ""
+        self.device = _send.device_of(recv_outputs[0]) if recv_outputs else ""
         self.gradients = {}
         self.sent = False
 

@@ -40,29 +40,33 @@ a TPU it drives this library's CPU engine:
   replicas (keep it in sync with a multi-worker strategy, as for any
   data-parallel model).  Checkpoints stay whole tables.
 
-This module is one concept, TF's ``TPUEmbedding`` surface, and at about 680
+This module is one concept, TF's ``TPUEmbedding`` surface, and at about 720
 lines it is over the ~600-line mark on purpose: the parts that are not the
-class's own contract already live elsewhere (shape rules in ``layout``, the
-Send in ``send``, engine ownership in ``engine_registry``, table descriptors in
-``optimizers``).
+class's own contract already live elsewhere (the engine(s) behind it in
+``backend`` and ``cluster.sharded``, shape rules in ``layout``, input
+conversion in ``enqueue_inputs``, host variables in ``host_variables``, the
+Send in ``send``, engine ownership in ``engine_registry``, table descriptors
+in ``optimizers``).
 """
-import collections.abc
-import copy
 import dataclasses
 import logging
+import threading
 import weakref
 
 import tensorflow as tf
 from tensorflow.core.protobuf.tpu import tpu_embedding_configuration_pb2 as config_pb2
-from tensorflow.python.ops import resource_variable_ops
-from tensorflow.python.saved_model import registration
 from tensorflow.python.distribute import tpu_strategy
+from tensorflow.python.saved_model import registration
 from tensorflow.python.tpu import tpu_embedding_v2
 from tensorflow.python.tpu import tpu_embedding_v2_utils
 from tensorflow.python.trackable import autotrackable
+from tensorflow.python.trackable import data_structures
 from tensorflow.python.util import nest
 
-from tf_tpu_emb import engine_registry
+from tf_tpu_emb import backend as backend_lib
+from tf_tpu_emb import enqueue_inputs
+from tf_tpu_emb import gradients as gradients_lib
+from tf_tpu_emb import host_variables
 from tf_tpu_emb import layout as layout_lib
 from tf_tpu_emb import ops
 from tf_tpu_emb import optimizers as optimizers_lib
@@ -71,6 +75,8 @@ from tf_tpu_emb import structure
 from tf_tpu_emb import table_views
 
 _logger = logging.getLogger(__name__)
+
+STEP_VARIABLE = host_variables.STEP_VARIABLE
 
 
 # TF's own class, held privately: the public name
@@ -89,75 +95,6 @@ def _under_tpu_strategy():
     strategy = tf.distribute.get_strategy()
     return (isinstance(strategy, (tpu_strategy.TPUStrategyV2, tpu_strategy.TPUStrategy))
             and _tpu_system(strategy) is None)
-
-
-# The graphs (tf.function traces, TF1 graphs) holding an enqueue, per engine:
-# a dequeue built in one of them, or in a graph nested in one, follows its
-# step's enqueue; any other dequeue first asserts that a batch is there.
-_ENQUEUED_IN = weakref.WeakKeyDictionary()  # graph -> {engine name}
-
-
-def _note_enqueue(engine):
-    if not tf.executing_eagerly():
-        _ENQUEUED_IN.setdefault(tf.compat.v1.get_default_graph(), set()).add(engine)
-
-
-def _enqueued_in_this_step(engine):
-    graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
-    while graph is not None:
-        if engine in _ENQUEUED_IN.get(graph, ()):
-            return True
-        graph = getattr(graph, "outer_graph", None)
-    return False
-
-
-class _HostVariable(resource_variable_ops.ResourceVariable):
-    """A table's host variable.  When a checkpoint restores it (eagerly) it
-    calls ``on_restore`` so that the owner reloads the table into the
-    engine: checkpoints written by TF's own classes (or by plain variables)
-    do not carry this module's checkpoint callback, whose restore hook
-    therefore never runs for them."""
-
-    on_restore = None
-
-    @property
-    def variables(self):
-        """The shards of the table state as TF's TPU variables list them (TF's
-        tests read ``.variables[0]``): one, the whole table."""
-        return [self]
-
-    def _restore_from_tensors(self, restored_tensors):
-        result = super()._restore_from_tensors(restored_tensors)
-        if self.on_restore is not None and tf.executing_eagerly():
-            self.on_restore()  # pylint: disable=not-callable
-        return result
-
-
-def _plain_variable(initial_value, name, trainable):
-    """A host variable that never becomes a distributed one, whatever
-    strategy scope is active (ResourceVariable bypasses the creator stack).
-    It records that strategy as the one it was created under, so that a Keras
-    optimizer creating slots for it (TFRS's translated optimizers) accepts it."""
-    strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
-    with tf.init_scope(), tf.device("/CPU:0"):
-        return _HostVariable(initial_value=initial_value, name=name, trainable=trainable,
-                             distribute_strategy=strategy)
-
-
-def _flatten_shapes(shapes):
-    """``build``'s per-replica input shapes, flattened (TF compares flattened
-    structures), each shape -- a ``TensorShape`` or a list/tuple of ints and
-    None -- one leaf."""
-    def to_shapes(x):
-        if isinstance(x, tf.TensorShape) or (
-                isinstance(x, (list, tuple)) and all(d is None or isinstance(d, int) for d in x)):
-            return tf.TensorShape(x)
-        if isinstance(x, collections.abc.Mapping):
-            return {k: to_shapes(v) for k, v in x.items()}
-        if isinstance(x, (list, tuple)):
-            return [to_shapes(v) for v in x]
-        return x
-    return nest.flatten(to_shapes(shapes))
 
 
 class TPUEmbedding(autotrackable.AutoTrackable):
@@ -198,7 +135,6 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                 cluster is None and (self._worker, self._num_workers) != (0, 1)):
             raise ValueError("workers={!r}: must be (index, count) with 0 <= index < count, "
                              "and only with cluster=".format(workers))
-        self._sharded = None
         self._feature_config = feature_config
         self._pipeline = bool(pipeline_execution_with_tensor_core)
         self._flat_features = nest.flatten(feature_config)
@@ -242,13 +178,18 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         self._num_replicas = self._strategy.num_replicas_in_sync
         self._engine_replicas = self._num_replicas * self._num_workers
         self._built = False
+        # shutdown() ran after a build: only an explicit build() (or a
+        # checkpoint restore) configures the engine again.
+        self._shut_down = False
+        # Serialises build, shutdown and the implicit build of the first
+        # enqueue: an object builds once whichever threads race.
+        self._lock = threading.RLock()
         self._config = None
-        self._engine = None  # the name of the engine build configured
-        # A front end that keeps one engine name across the objects it
-        # creates (the Keras layer, after a release) sets this before build.
-        self._engine_name = None
+        # The engine(s) behind this object (backend.Backend), chosen at build.
+        self._backend = None
         self._layout = None
         self._variables = {}
+        self._step_variable = None
 
     # ------------------------------------------------------------- properties
 
@@ -262,6 +203,24 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         """The serialized ``TPUEmbeddingConfiguration`` (after ``build``)."""
         self._require_built("config_proto")
         return self._config
+
+    @property
+    def tables(self):
+        """The ``TableConfig`` s in table-id order (the engine's), named and
+        given their optimizer as TF's class does."""
+        return list(self._table_config)
+
+    @property
+    def num_replicas(self):
+        """Replicas of the strategy this object was created under (this
+        worker's; the engine has ``num_replicas * workers``)."""
+        return self._num_replicas
+
+    @property
+    def dynamic_learning_rates(self):
+        """The callables of the dynamic learning rates (and other dynamic
+        optimizer inputs), in tag order: what each step's Send evaluates."""
+        return list(self._dynamic_inputs)
 
     @property
     def embedding_tables(self):
@@ -282,7 +241,8 @@ class TPUEmbedding(autotrackable.AutoTrackable):
 
     # ------------------------------------------------------------------ build
 
-    def build(self, per_replica_input_shapes=None, per_replica_batch_size=None):
+    def build(self, per_replica_input_shapes=None, per_replica_batch_size=None, *,
+              takeover=False):
         """Fixes the output shapes, configures the engine and creates and loads
         the tables (see ``tf.tpu.experimental.embedding.TPUEmbedding.build``).
 
@@ -305,7 +265,18 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         embeddings; here it configures this process's CPU engine, and if
         anything fails after that the engine is released again, so a fresh
         object can be built.
+
+        After ``shutdown()`` a ``build()`` configures the engine again (the
+        only way besides restoring a checkpoint: nothing rebuilds
+        implicitly), loading the tables from the host variables (their last
+        retrieve or restore).  ``takeover`` (``cluster=`` only): take the
+        embedding hosts even while another trainer's lease on them runs
+        (README "Running on several machines").
         """
+        with self._lock:
+            self._build(per_replica_input_shapes, per_replica_batch_size, takeover)
+
+    def _build(self, per_replica_input_shapes, per_replica_batch_size, takeover):
         if self._built:
             return
         if per_replica_input_shapes is not None and per_replica_batch_size is not None:
@@ -319,7 +290,7 @@ class TPUEmbedding(autotrackable.AutoTrackable):
             per_replica_input_shapes, per_replica_batch_size = None, per_replica_input_shapes
         incoming = None
         if per_replica_input_shapes is not None:
-            flat_shapes = _flatten_shapes(per_replica_input_shapes)
+            flat_shapes = enqueue_inputs.flatten_shapes(per_replica_input_shapes)
             nest.assert_same_structure(flat_shapes, self._flat_features)
             incoming = self._output_shapes_from_input_shapes(flat_shapes)
         elif per_replica_batch_size is not None:
@@ -335,15 +306,15 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                     "FeatureConfig or for the build method.")
         with tf.init_scope():
             system = _tpu_system(self._strategy)
-            if system is not None:  # one TPU embedding per (stand-in) TPU system
-                self._engine_name = system.embedding_engine()
+            # One TPU embedding per (stand-in) TPU system: its engine.
+            engine = system.embedding_engine() if system is not None else None
             # Variables a learning-rate callable creates on first use (Keras'
             # optimizer.iterations behind a schedule) are created now, not
             # inside the first traced step.
             for fn in self._dynamic_inputs:
                 fn()
             self._config = self._create_config_proto().SerializeToString()
-            self._configure()
+            self._configure(takeover, engine)
             try:
                 self._layout = dataclasses.replace(layout_lib.Layout.for_features(
                     self._config, [t.name for t in self._table_config],
@@ -351,9 +322,11 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                     [(path, self._table_config.index(f.table), shape.as_list())
                      for path, f, shape in zip(self._paths, self._flat_features,
                                                self._output_shapes)],
-                    len(self._dynamic_inputs)), engine=self._engine)
+                    len(self._dynamic_inputs)), engine=self._backend.engine)
                 self._ensure_variables()
+                self._ensure_step_variable()
                 self._built = True
+                self._shut_down = False
                 self._load_variables()
             except BaseException:
                 # Leave nothing configured behind: a fresh object (or this one,
@@ -362,33 +335,36 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                 self._release()
                 raise
 
-    def _configure(self):
-        """Configures an engine of this object's own (README "Several engines
-        per process": other TPUEmbedding objects and the default engine are
-        untouched), or (``cluster=``) every host's default engine."""
+    def _configure(self, takeover=False, engine=None):
+        """Chooses the backend (the one place that knows the kinds) and
+        configures it: an engine of this object's own (README "Several
+        engines per process": other TPUEmbedding objects and the default
+        engine are untouched), or (``cluster=``) every host's shard; a
+        worker other than 0 attaches to the engines worker 0 configured.
+        ``engine``: the name a local engine must have (the stand-in TPU
+        system's), else a pooled one of its own."""
         if self._cluster is None:
-            self._engine = (self._engine_name if self._engine_name is not None
-                            else engine_registry.new_name())
-            ops.configure_tpu_embedding(self._config, engine=self._engine)
-            engine_registry.claim(self, self._engine)
-            return
-        self._engine = ""  # each host process's default engine
-        from tf_tpu_emb.cluster import sharded  # pylint: disable=import-outside-toplevel
-        self._sharded = sharded.ShardedEngine(self._cluster, self._config, [
-            sharded.routing.FeatureRoute(path, shape.as_list(), f.table.vocabulary_size,
-                                         f.table.combiner)
-            for path, f, shape in zip(self._paths, self._flat_features, self._output_shapes)])
-        if self._worker == 0:
-            self._sharded.configure()
+            self._backend = backend_lib.LocalEngine(self._config, self._combiners, owner=self,
+                                                    name=engine)
         else:
-            self._sharded.attach()
+            from tf_tpu_emb.cluster import sharded  # pylint: disable=import-outside-toplevel
+            self._backend = sharded.ShardedEngine(self._cluster, self._config, [
+                sharded.routing.FeatureRoute(path, shape.as_list(), f.table.vocabulary_size,
+                                             f.table.combiner)
+                for path, f, shape in zip(self._paths, self._flat_features,
+                                          self._output_shapes)],
+                replica_offset=self._worker * self._num_replicas, owner=self)
+        # Collected without shutdown: the backend lets go without ops.
+        self._abandon = weakref.finalize(self, self._backend.abandon)
+        if self._worker == 0:
+            self._backend.configure(takeover=takeover)
+        else:
+            self._backend.attach()
 
     def _release(self):
-        if self._sharded is not None:
-            if self._worker == 0:
-                self._sharded.shutdown()
-        else:
-            engine_registry.release(self)
+        if self._backend is not None:
+            self._abandon.detach()
+            self._backend.shutdown()
 
     def _output_shapes_from_input_shapes(self, input_shapes):
         out = []
@@ -446,45 +422,22 @@ class TPUEmbedding(autotrackable.AutoTrackable):
 
     def _ensure_variables(self):
         """Creates the host variables once (``embedding_tables`` may have
-        created them before ``build``)."""
+        created them before ``build``), named as TF names them."""
         if not self._variables:
-            with tf.init_scope():
-                self._variables = self._create_variables_and_slots()
-
-    def _create_variables_and_slots(self):
-        """Host variables named as TF names them, created through
-        ``_add_variable_with_custom_getter`` so that a checkpoint restored
-        before ``build`` initialises them directly (as in TF)."""
-        variables = {}
-        for table in self._table_config:
-            shape = (table.vocabulary_size, table.dim)
-
-            def getter(name, shape, dtype, initializer, trainable, _shape=shape):
-                del shape
-                return _plain_variable(lambda: initializer(_shape, dtype=dtype), name, trainable)
-
-            def creator(name, initializer, trainable, _shape=shape):
-                return self._add_variable_with_custom_getter(
-                    name=name, initializer=initializer, shape=_shape, dtype=tf.float32,
-                    getter=getter, trainable=trainable)
-
-            parameters = creator(table.name, table.initializer, trainable=False)
-            # Slots a user's slot_variable_creation_fn makes with tf.Variable
-            # become host variables too (as TF's creator scope makes them TPU
-            # variables on a TPU), not variables of the active strategy.
-            with tf.variable_creator_scope(lambda _, **kw: _plain_variable(
-                    kw["initial_value"], kw.get("name"), kw.get("trainable", False))):
-                slots = self._optimizer_of(table)._create_slots(  # pylint: disable=protected-access
-                    parameters, lambda name, init, t=table: creator(t.name + "/" + name, init,
-                                                                    False))
-            slots["parameters"] = parameters
-            variables[table.name] = slots
             owner = weakref.ref(self)
-            for var in slots.values():
-                if isinstance(var, _HostVariable):
-                    var.on_restore = (lambda t=table: owner() is not None
-                                      and owner()._load_table(t))  # pylint: disable=protected-access
-        return variables
+            self._variables = host_variables.create_table_variables(
+                self, self._table_config, self._optimizer_of,
+                lambda t: owner() is not None and owner()._restored(t))  # pylint: disable=protected-access
+
+    def _ensure_step_variable(self):
+        """bfloat16 storage: the checkpointed step count
+        (``host_variables.STEP_VARIABLE``), created at the first build that
+        finds a bfloat16 table."""
+        if self._step_variable is not None or not self._backend.step_count()[1]:
+            return
+        owner = weakref.ref(self)
+        self._step_variable = data_structures.NoDependency(host_variables.create_step_variable(
+            self, lambda: owner() is not None and owner()._restored(STEP_VARIABLE)))  # pylint: disable=protected-access
 
     @staticmethod
     def _optimizer_of(table):
@@ -500,6 +453,11 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         """The typed Load/Retrieve handles of the table's optimizer."""
         return ops.table_ops(optimizers_lib.info_of(self._optimizer_of(table)).proto_field)
 
+    def table_state_names(self, table):
+        """The names of ``table`` 's state tensors: ``parameters``, then its
+        optimizer's slots, in the order of ``load_table`` / ``retrieve_table``."""
+        return list(self._table_ops(table).tensors)
+
     @property
     def layout(self):
         """Where each feature sits in the engine's outputs
@@ -510,42 +468,66 @@ class TPUEmbedding(autotrackable.AutoTrackable):
     def _load_variables(self):
         """Host variables -> engine (also TF's checkpoint callback's entry point)."""
         for table in self._table_config:
-            self._load_table(table)
+            self._load_host_table(table)
+        self._load_step_count()
 
-    def _load_table(self, table):
+    def _load_step_count(self):
+        if self._built and self._backend.configured and self._step_variable is not None:
+            with tf.init_scope(), self._backend.errors():
+                self._backend.load_step_count(self._step_variable)
+
+    def _restored(self, table=None):
+        """A checkpoint restored the host variables of `table` (None: all):
+        load them into the engine.  A restore is an explicit act, so an object
+        shut down after a build is built again (and loads every table)."""
+        with self._lock:
+            if self._shut_down:
+                self._build(None, None, False)
+            elif self._built and self._backend.stale():
+                # After hosts.reconnect() (a restarted host): every host afresh,
+                # then every table from the host variables (README "Running on
+                # several machines", recovery).
+                self._backend.reconfigure()
+                self._load_variables()
+            elif table is None:
+                self._load_variables()
+            elif table == STEP_VARIABLE:
+                self._load_step_count()
+            else:
+                self._load_host_table(table)
+
+    def _load_host_table(self, table):
         """One table's host variables -> engine (no-op unless this object is
-        built and owns the engine)."""
-        if not self._built or not (engine_registry.is_owner(self) or
-                                   self._sharded is not None and self._sharded.configured):
+        built and configured its engine)."""
+        if not self._built or not self._backend.configured:
             return
         with tf.init_scope():
-            self._load_state(table, [self._variables[table.name][n]
-                                     for n in self._table_ops(table).tensors])
+            self.load_table(table, [self._variables[table.name][n]
+                                    for n in self._table_ops(table).tensors])
 
     def _retrieve_variables(self):
         """Engine -> host variables."""
         with tf.init_scope():
             for table in self._table_config:
-                for n, value in zip(self._table_ops(table).tensors, self._retrieve_state(table)):
+                for n, value in zip(self._table_ops(table).tensors, self.retrieve_table(table)):
                     self._variables[table.name][n].assign(value)
+            if self._step_variable is not None:
+                self._step_variable.assign(self._backend.step_count()[0])
 
-    def _load_state(self, table, values):
-        """A whole table's state tensors (``_table_ops(table).tensors`` order)
-        -> the engine, or (``cluster=``) every host's shard of it."""
-        handles = self._table_ops(table)
-        if self._sharded is not None:
-            return self._sharded.load(handles, table.name, values)
-        return handles.load(*values, num_shards=1, shard_id=0, table_name=table.name,
-                            engine=self._engine)
+    def load_table(self, table, values):
+        """Writes a whole table's state tensors (``table_state_names(table)``
+        order, each ``[vocabulary_size, dim]``) into the engine (every host's
+        shard of it with ``cluster=``).  After ``build``."""
+        self._require_built("load_table")
+        with self._backend.errors():
+            return self._backend.load(self._table_ops(table), table.name, values)
 
-    def _retrieve_state(self, table):
-        """A whole table's state tensors from the engine (or the hosts)."""
-        handles = self._table_ops(table)
-        if self._sharded is not None:
-            return self._sharded.retrieve(handles, table.name)
-        values = handles.retrieve(num_shards=1, shard_id=0, table_name=table.name,
-                                  engine=self._engine)
-        return [values] if isinstance(values, tf.Tensor) else list(values)
+    def retrieve_table(self, table):
+        """A whole table's state tensors (``table_state_names(table)`` order)
+        from the engine (reassembled from the hosts with ``cluster=``)."""
+        self._require_built("retrieve_table")
+        with self._backend.errors():
+            return self._backend.retrieve(self._table_ops(table), table.name)
 
     # ---------------------------------------------------------------- enqueue
 
@@ -589,25 +571,26 @@ class TPUEmbedding(autotrackable.AutoTrackable):
             per_replica = [local(x) for x in flat_inputs]
             per_replica_w = [local(w) for w in flat_weights]
             devices = self._strategy.extended.worker_devices
-            enqueues = []
             for r in range(self._num_replicas):
                 inputs_r = [x[r] for x in per_replica]
                 weights_r = [w[r] for w in per_replica_w]
                 self._maybe_build(inputs_r)
                 with tf.device(devices[r]):
-                    enqueues.append(self._enqueue_op(inputs_r, weights_r, training, r, name))
-            return tf.group(enqueues) if not tf.executing_eagerly() else None
+                    self._enqueue_op(inputs_r, weights_r, training, r, name)
+            return None
         self._maybe_build(flat_inputs)
         if in_replica_fn:
             ordinal = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group,
                               tf.int32)
-            return self._enqueue_op(flat_inputs, flat_weights, training, ordinal, name,
-                                    dynamic=True)
+            self._enqueue_op(flat_inputs, flat_weights, training, ordinal, name)
+            return None
         if device is not None:
             replica = self._replica_of_device(device)
             with tf.device(self._replica_devices()[replica]):
-                return self._enqueue_op(flat_inputs, flat_weights, training, replica, name)
-        return self._enqueue_op(flat_inputs, flat_weights, training, 0, name)
+                self._enqueue_op(flat_inputs, flat_weights, training, replica, name)
+            return None
+        self._enqueue_op(flat_inputs, flat_weights, training, 0, name)
+        return None
 
     def _replica_of_device(self, device):
         """The replica ``enqueue(device=...)`` feeds.  TF maps a TPU device to
@@ -642,99 +625,35 @@ class TPUEmbedding(autotrackable.AutoTrackable):
     def _maybe_build(self, flat_inputs):
         shapes = []
         for path, x, feature in zip(self._paths, flat_inputs, self._flat_features):
-            shapes.append(self._input_shape(path, x, feature))
+            shapes.append(enqueue_inputs.input_shape(path, x, feature))
         incoming = self._output_shapes_from_input_shapes(shapes)
-        self._check_output_shapes(incoming)
-        if not self._built:
-            self._update_output_shapes(incoming)
-            self.build()
+        with self._lock:
+            self._check_not_shut_down("enqueue")
+            self._check_output_shapes(incoming)
+            if not self._built:
+                self._update_output_shapes(incoming)
+                self._build(None, None, False)
 
-    @staticmethod
-    def _input_shape(path, x, feature):
-        shape = None
-        if isinstance(x, (tf.SparseTensor, tf.RaggedTensor)) and x.shape.rank is not None:
-            shape = x.shape.as_list()
-        if isinstance(x, tf.SparseTensor):
-            if shape is None or len(shape) < 2:
-                raise ValueError("Only rank 2 and above sparse tensor is supported, find "
-                                 "rank {} sparse tensor for input {}"
-                                 .format(None if shape is None else len(shape), path))
-            return tf.TensorShape(shape)
-        if isinstance(x, tf.RaggedTensor):
-            if shape is None or len(shape) != 2:
-                raise ValueError("Only rank 2 ragged tensor is supported, find rank {} "
-                                 "ragged tensor for input {}"
-                                 .format(None if shape is None else len(shape), path))
-            return tf.TensorShape(shape)
-        if isinstance(x, tf.Tensor) or hasattr(x, "shape"):
-            x = tf.convert_to_tensor(x)
-            shape = x.shape.as_list()
-            if len(shape) < 1:
-                raise ValueError("Only rank 1 and above dense tensor is supported, find "
-                                 "rank {} sparse tensor for input {}".format(len(shape), path))
-            if len(shape) > 1 and shape[-1] != 1:
-                raise ValueError(
-                    "Rank 2 or above dense tensor should have last dimension as 1 as the "
-                    "last dimension will always be reduced. Instead got dense tensor as "
-                    "shape {}".format(shape))
-            return tf.TensorShape(shape)
-        raise ValueError("Input {} is of unknown type {}. Please only pass Tensor, "
-                         "SparseTensor or RaggedTensor as input to enqueue."
-                         .format(path, type(x)))
-
-    def _enqueue_op(self, flat_inputs, flat_weights, training, device_ordinal, name,
-                    dynamic=False):
-        indices, values, weights = [], [], []
-        int_zeros = tf.zeros([0], tf.int32)
-        float_zeros = tf.zeros([0], tf.float32)
-        for path, x, w, feature in zip(self._paths, flat_inputs, flat_weights,
-                                       self._flat_features):
-            if isinstance(x, tf.SparseTensor):
-                sample_indices = tf.cast(x.indices, tf.int32)
-                if (x.shape.rank == 2 and not feature.output_shape
-                        and feature.max_sequence_length > 0):
-                    sample_indices = tf.pad(sample_indices, [[0, 0], [0, 1]])
-                indices.append(sample_indices)
-                values.append(tf.cast(x.values, tf.int64))
-                if w is not None and not isinstance(w, tf.SparseTensor):
-                    raise ValueError("Weight for {} is type {} which does not match type "
-                                     "input which is SparseTensor.".format(path, type(w)))
-                weights.append(float_zeros if w is None else tf.cast(w.values, tf.float32))
-            elif isinstance(x, tf.RaggedTensor):
-                indices.append(tf.cast(x.row_splits, tf.int32))
-                values.append(tf.cast(x.values, tf.int64))
-                if w is not None and not isinstance(w, tf.RaggedTensor):
-                    raise ValueError("Weight for {} is type {} which does not match type "
-                                     "input which is RaggedTensor.".format(path, type(w)))
-                weights.append(float_zeros if w is None else tf.cast(w.values, tf.float32))
-            else:
-                if w is not None:
-                    raise ValueError("Weight specified for dense input {}, which is not "
-                                     "allowed. Weight will always be 1 in this case."
-                                     .format(path))
-                indices.append(int_zeros)
-                values.append(tf.cast(tf.reshape(x, [-1]), tf.int64))
-                weights.append(float_zeros)
-        if isinstance(training, bool):
-            mode = "train" if training else "inference"
-        else:
-            mode = tf.where(tf.convert_to_tensor(training), "train", "inference")
-        combiners = self._combiners
-        if self._sharded is not None:
-            return self._sharded.enqueue(indices, values, weights, mode,
-                                         self._engine_replica(device_ordinal), name=name)
-        _note_enqueue(self._engine)
-        if dynamic:
-            return ops.dynamic_enqueue_tpu_embedding_arbitrary_tensor_batch(
-                indices, values, weights, device_ordinal, combiners=combiners,
-                mode_override=mode, engine=self._engine, name=name)
-        return ops.enqueue_tpu_embedding_arbitrary_tensor_batch(
-            indices, values, weights, device_ordinal=device_ordinal, combiners=combiners,
-            mode_override=mode, engine=self._engine, name=name)
+    def _enqueue_op(self, flat_inputs, flat_weights, training, device_ordinal, name):
+        indices, values, weights = enqueue_inputs.arbitrary_tensor_batch(
+            self._paths, self._flat_features, flat_inputs, flat_weights)
+        mode = enqueue_inputs.mode_of(training)
+        with self._backend.errors():
+            return self._backend.enqueue(indices, values, weights, mode,
+                                         self._backend.replica(device_ordinal), name=name)
 
     # ------------------------------------------------------ dequeue / gradients
 
+    def _check_not_shut_down(self, what):
+        if self._shut_down:
+            raise RuntimeError(
+                "{} called on a TPUEmbedding that was shut down: its engine and tables are "
+                "gone. Call build() to configure it again (the tables are then loaded from "
+                "its host variables), or restore a checkpoint into it; nothing rebuilds it "
+                "implicitly.".format(what))
+
     def _require_built(self, what):
+        self._check_not_shut_down(what)
         if not self._built:
             raise RuntimeError("{} called on unbuilt TPUEmbedding object. Please either "
                                "call enqueue first or manually call the build method."
@@ -744,18 +663,9 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         """This replica's activations for the oldest enqueued step, in the
         feature config's structure (each ``output_shape + [dim]``)."""
         self._require_built("dequeue")
-        if self._sharded is not None:
-            outputs = self._sharded.recv(len(self._flat_features),
-                                         self._engine_replica(self._replica_id()), name=name)
-        else:
-            # A dequeue that no enqueue of its step precedes fails at once
-            # when nothing is enqueued, instead of waiting (README "Waits").
-            checks = [] if _enqueued_in_this_step(self._engine) else [
-                ops.assert_tpu_embedding_enqueued("TPUEmbedding.dequeue()", engine=self._engine)]
-            with tf.control_dependencies(checks):
-                outputs = ops.recv_tpu_embedding_activations(
-                    num_outputs=len(self._flat_features), config=self._config,
-                    engine=self._engine, name=name)
+        with self._backend.errors():
+            outputs = self._backend.recv(len(self._flat_features),
+                                         self._backend.replica(self._replica_id()), name=name)
         return nest.pack_sequence_as(self._feature_config, outputs)
 
     def apply_gradients(self, gradients, name=None):
@@ -785,20 +695,29 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                                  .format(gradient.shape, path, full_shape))
             updated.append(gradient)
         rates = [fn() for fn in self._dynamic_inputs]
-        if self._sharded is not None:
-            return self._sharded.send(self._layout, updated, rates,
-                                      self._engine_replica(self._replica_id()), name=name)
-        return send_lib.build_send(self._layout, updated, rates, name=name)
+        with self._backend.errors():
+            return self._backend.send(self._layout, updated, rates,
+                                      self._backend.replica(self._replica_id()), name=name)
 
-    def _send_fn(self):
-        """For ``gradients.hook_step``: None (one local engine: the Send on the
-        Recv's device), or (``cluster=``) a builder of this replica's Sends to
-        every host."""
-        if self._sharded is None:
-            return None
-        replica = self._engine_replica(self._replica_id())
-        return lambda gradients, rates, control_inputs=None: self._sharded.send(
-            self._layout, gradients, rates, replica, control_inputs=control_inputs)
+    def hook_step(self, dummy_variables, recv_outputs, learning_rate_fn=None):
+        """``tf_tpu_emb.gradients.hook_step`` for this object's step: the flat
+        ``dequeue()`` outputs (``recv_outputs``, layout order) wired so that
+        the gradient of a loss w.r.t. ``dummy_variables`` (one ``[1]``
+        variable per table, table-id order) builds this replica's one Send
+        to this object's engine(s).  Returns the activations (a list, layout
+        order).  ``learning_rate_fn`` returns the dynamic learning rates
+        (default: ``dynamic_learning_rates`` evaluated)."""
+        self._require_built("hook_step")
+        backend, layout = self._backend, self._layout
+        replica = backend.replica(self._replica_id())
+        if learning_rate_fn is None:
+            fns = list(self._dynamic_inputs)
+            learning_rate_fn = lambda: [fn() for fn in fns]  # noqa: E731
+        hooked = gradients_lib.hook_step(
+            dummy_variables, layout, recv_outputs, learning_rate_fn,
+            send_fn=lambda gradients, rates, control_inputs=None: backend.send(
+                layout, gradients, rates, replica, control_inputs=control_inputs))
+        return list(hooked.values())
 
     @staticmethod
     def _replica_id():
@@ -807,28 +726,18 @@ class TPUEmbedding(autotrackable.AutoTrackable):
             return 0
         return tf.distribute.get_replica_context().replica_id_in_sync_group
 
-    def _engine_replica(self, local_replica):
-        """The engine replica (a Python int: it picks the host's device) of this
-        worker's replica ``local_replica``."""
-        local = tf.get_static_value(local_replica)
-        if local is None:
-            raise ValueError("with cluster=, the replica must be known when the step is "
-                             "traced (strategy.run of a MirroredStrategy)")
-        return self._worker * self._num_replicas + int(local)
-
     def shutdown(self):
         """Releases the engine this object configured (its tables are lost:
         save a checkpoint first) so that another TPUEmbedding can be built.
-        Also done when the object is garbage-collected."""
-        if self._built:
-            self._release()
-        self._built = False
-
-    def __del__(self):
-        try:
-            self.shutdown()
-        except Exception:  # pylint: disable=broad-except  (interpreter shutdown)
-            pass
+        Afterwards enqueue/dequeue/apply_gradients raise until ``build()`` (or
+        a checkpoint restore) configures it again.  When the object is
+        garbage collected its engine is released too, from any thread
+        (``engine_registry``'s finalizer; ``Backend.abandon``)."""
+        with self._lock:
+            if self._built:
+                self._release()
+                self._shut_down = True
+            self._built = False
 
 
 def _save_callback(trackables, **unused_kwargs):
@@ -841,7 +750,7 @@ def _save_callback(trackables, **unused_kwargs):
 def _restore_callback(trackables, **unused_kwargs):
     for trackable in trackables.values():
         if isinstance(trackable, TPUEmbedding):
-            trackable._load_variables()  # pylint: disable=protected-access
+            trackable._restored()  # pylint: disable=protected-access
 
 
 registration.register_tf_checkpoint_saver(

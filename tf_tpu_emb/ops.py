@@ -47,7 +47,9 @@ CORE_OP_NAMES = (
 #: Ops that exist only in this library: the engine shutdown, and per-table
 #: Load/Retrieve ops for optimizers TF moves only with the *All* ops.
 EXTRA_OP_NAMES = ("ShutdownTPUEmbedding", "ConfigureTPUEmbeddingHostShard", "EmbeddingBag",
-                  "EmbeddingBagGrad", "AssertTPUEmbeddingEnqueued") + tuple(
+                  "EmbeddingBagGrad", "AssertTPUEmbeddingEnqueued", "RetrieveTPUEmbeddingStepCount",
+                  "LoadTPUEmbeddingStepCount", "RenewTPUEmbeddingLease",
+                  "LeasedTPUEmbeddingEngine", "ClaimTPUEmbeddingHost") + tuple(
     n for o, n in zip(OPTIMIZERS * 2, _table_op_names("Load") + _table_op_names("Retrieve"))
     if not o.core_has_table_ops)
 
@@ -204,12 +206,50 @@ def is_tpu_embedding_initialized(config="", engine="", name=None):
     return _gen("IsTPUEmbeddingInitialized")(config=config, engine=engine, name=name)
 
 
-def configure_tpu_embedding_host_shard(config, host_id, engine="", name=None):
+def configure_tpu_embedding_host_shard(config, host_id, lease_seconds=0.0, takeover=False,
+                                       engine="", name=None):
     """ConfigureTPUEmbedding for host ``host_id`` of the config's ``num_hosts``:
     the engine holds only that host's shard of every table and slot (the rows
-    Load/Retrieve with ``num_shards=num_hosts, shard_id=host_id`` address)."""
-    return _gen("ConfigureTPUEmbeddingHostShard")(config=config, host_id=host_id, engine=engine,
-                                                  name=name)
+    Load/Retrieve with ``num_shards=num_hosts, shard_id=host_id`` address).
+    ``lease_seconds > 0``: the engine is a trainer's host lease, refused while
+    another one runs unless ``takeover``, kept by
+    :func:`renew_tpu_embedding_lease`."""
+    return _gen("ConfigureTPUEmbeddingHostShard")(
+        config=config, host_id=host_id, lease_seconds=float(lease_seconds),
+        takeover=bool(takeover), engine=engine, name=name)
+
+
+def renew_tpu_embedding_lease(engine="", name=None):
+    """Renews the host lease of ``engine`` (a trainer's heartbeat):
+    ``(lost, step_count)``, lost = "" when renewed, else why the engine is
+    gone (step_count -1).  Never fails: a remote op that fails taints the
+    host's executor for the trainer's other ops."""
+    return _gen("RenewTPUEmbeddingLease")(engine=engine, name=name)
+
+
+def claim_tpu_embedding_host(takeover=False, engine="", name=None):
+    """Before a leased configure of ``engine``: evicts leases that ended
+    (with ``takeover``, also one that runs); returns "" when the host may be
+    configured, else the refusal naming the holder.  Never fails."""
+    return _gen("ClaimTPUEmbeddingHost")(takeover=bool(takeover), engine=engine, name=name)
+
+
+def leased_tpu_embedding_engine(name=None):
+    """The name of the engine holding this process's host lease, or ""."""
+    return _gen("LeasedTPUEmbeddingEngine")(name=name)
+
+
+def retrieve_tpu_embedding_step_count(engine="", name=None):
+    """``(step_count, stochastic_rounding)``: the training steps the engine
+    applied (the count that seeds bfloat16 storage's stochastic rounding) and
+    whether any of its tables stores bfloat16."""
+    return _gen("RetrieveTPUEmbeddingStepCount")(engine=engine, name=name)
+
+
+def load_tpu_embedding_step_count(step_count, engine="", name=None):
+    """Sets the engine's step count (a checkpoint's, see
+    :func:`retrieve_tpu_embedding_step_count`)."""
+    return _gen("LoadTPUEmbeddingStepCount")(step_count=step_count, engine=engine, name=name)
 
 
 def shutdown_tpu_embedding(engine="", name=None):

@@ -84,6 +84,15 @@ def learning_rates_for(layout, learning_rates):
     return rates
 
 
+def device_of(tensor):
+    """The device `tensor` was computed on ('' when a graph left it unplaced):
+    a step's Send goes to its Recv's device, which picks the replica."""
+    if isinstance(tensor, _tf_ops.EagerTensor):
+        return tensor.device
+    op = getattr(tensor, "op", None)
+    return op.device if op is not None else ""
+
+
 def build_send(layout, gradients, learning_rates=None, *, config=None, control_inputs=None,
                device=None, name=None):
     """Builds (eager: runs) the step's ONE Send.

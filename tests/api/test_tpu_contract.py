@@ -345,9 +345,13 @@ class TestEnqueue:
 class TestDequeueAndApplyGradients:
 
     def test_signatures(self):
-        for method in ["dequeue", "apply_gradients", "build"]:
+        for method in ["dequeue", "apply_gradients"]:
             assert_same_signature(getattr(tf_tpu_emb.TPUEmbedding, method),
                                   getattr(E.TPUEmbedding, method))
+        # build adds the keyword-only takeover= of cluster= (README "Running on
+        # several machines").
+        assert_same_signature(tf_tpu_emb.TPUEmbedding.build, E.TPUEmbedding.build,
+                              extra=("takeover",))
 
     def test_texts_are_tfs(self):
         """The unbuilt / gradient errors are TF's texts (TF's class raises them

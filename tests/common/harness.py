@@ -63,11 +63,13 @@ def describe(proc, stdout_tail=4000, stderr_tail=4000):
                                                  proc.stderr[-stderr_tail:])
 
 
-def start_python(args, *, unset=(), cwd=None, **extra_env):
+def start_python(args, *, unset=(), cwd=None, stdin=False, **extra_env):
     """Starts ``python *args`` as a long-lived child (a server): stdout is a text
-    pipe, stderr merged into it, the same environment as `run_python` (plus
-    `extra_env`); returns the ``subprocess.Popen``.  The caller must end it
-    (``tests/common/cluster.py`` does: SIGTERM, then SIGKILL)."""
+    pipe, stderr merged into it, stdin a text pipe too if `stdin`, the same
+    environment as `run_python` (plus `extra_env`); returns the
+    ``subprocess.Popen``.  The caller must end it (``tests/common/cluster.py``
+    does: SIGTERM, then SIGKILL)."""
     return subprocess.Popen([sys.executable] + list(args), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True,
+                            stdin=subprocess.PIPE if stdin else None,
                             env=child_env(unset, **extra_env), cwd=cwd)

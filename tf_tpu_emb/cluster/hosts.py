@@ -24,6 +24,7 @@ keepalive channel options (``TF_GRPC_DEFAULT_OPTIONS``) do not end it.  So:
 ``timeout_s`` is the argument, else ``TF_TPU_EMB_HOST_TIMEOUT_SECONDS``, else
 60 s.
 """
+import contextlib
 import threading
 import os
 import re
@@ -31,6 +32,8 @@ import socket
 import time
 
 import tensorflow as tf
+
+from tf_tpu_emb.cluster import lease
 
 CLIENT_JOB = "localhost"  # the job TF gives the connecting process
 TIMEOUT_ENV = "TF_TPU_EMB_HOST_TIMEOUT_SECONDS"
@@ -42,22 +45,27 @@ _NO_KERNEL_MARKERS = ("no registered kernels", "not registered", "Could not find
                       "No OpKernel was registered", "neither a type of a primitive operation")
 
 
+def seconds_setting(value, variable, default, argument):
+    """A duration setting: `value` (the `argument`), else the environment
+    `variable`, else `default`; ValueError naming its source unless a number
+    of seconds > 0."""
+    source = argument
+    if value is None:
+        raw = os.environ.get(variable)
+        value, source = (default, "default") if raw in (None, "") else (raw, variable)
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise ValueError("%s must be a number of seconds, got %r" % (source, value)) from None
+    if not seconds > 0:
+        raise ValueError("%s must be > 0, got %r" % (source, value))
+    return seconds
+
+
 def host_timeout_s(timeout_s=None):
     """The reachability timeout: the argument, else the environment variable,
     else the default.  Raises ValueError for a value that is not > 0."""
-    if timeout_s is None:
-        raw = os.environ.get(TIMEOUT_ENV)
-        timeout_s = DEFAULT_TIMEOUT_S if raw in (None, "") else raw
-        source = TIMEOUT_ENV if raw not in (None, "") else "default"
-    else:
-        source = "timeout_s"
-    try:
-        value = float(timeout_s)
-    except (TypeError, ValueError):
-        raise ValueError("%s must be a number of seconds, got %r" % (source, timeout_s)) from None
-    if not value > 0:
-        raise ValueError("%s must be > 0, got %r" % (source, timeout_s))
-    return value
+    return seconds_setting(timeout_s, TIMEOUT_ENV, DEFAULT_TIMEOUT_S, "timeout_s")
 
 
 class EmbeddingHosts:
@@ -72,10 +80,13 @@ class EmbeddingHosts:
         (TF's job ``localhost``; the hosts fetch a step's inputs from it).
         None: ``localhost:<a free port>``, right when every task runs on this
         machine; on several machines give this machine's name and a free port.
+      lease_s: how long a host keeps this process's engines without a
+        heartbeat (``tf_tpu_emb.cluster.lease``): a trainer that dies frees
+        the hosts after it.  None: ``TF_TPU_EMB_HOST_LEASE_SECONDS``, else 30.
     """
 
     def __init__(self, cluster_spec, job="embedding", replicas_per_host=None,
-                 client_address=None):
+                 client_address=None, lease_s=None):
         if not isinstance(cluster_spec, tf.train.ClusterSpec):
             cluster_spec = tf.train.ClusterSpec(cluster_spec)
         if job not in cluster_spec.jobs:
@@ -93,6 +104,44 @@ class EmbeddingHosts:
         self.addresses = [cluster_spec.task_address(job, k) for k in indices]
         self._connected_spec = None
         self._client_address = client_address
+        self.lease_s = seconds_setting(lease_s, lease.LEASE_ENV, lease.DEFAULT_LEASE_S, "lease_s")
+        # Bumped by every (re)connect: engines configured before a reconnect
+        # are reconfigured by the next restore (ShardedEngine.stale).
+        self.generation = 0
+        # Held while the lease heartbeat runs an op, and by (re)connects and
+        # disconnects, which change TF's remote context under it.
+        self.context_lock = threading.RLock()
+        self.leases = lease.Heartbeat(self)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def synchronous():
+        """A context in which this thread's eager ops run synchronously (a
+        fresh executor of its own): a remote op's error is raised by the op
+        itself and poisons no other op.  TF runs remote ops without outputs
+        asynchronously by default, where an error surfaces at some later op
+        and clearing it (``async_clear_error``) waits for every pending remote
+        node -- for ever when a host is dead."""
+        from tensorflow.python.eager import context  # pylint: disable=import-outside-toplevel
+        from tensorflow.python.eager import executor  # pylint: disable=import-outside-toplevel
+
+        own = executor.new_executor(enable_async=False, enable_streaming_enqueue=False)
+        try:
+            with context.executor_scope(own):
+                yield
+        finally:
+            own.clear_error()  # else its finalizer re-raises the op's error
+
+    @contextlib.contextmanager
+    def _changing_context(self):
+        """Holds `context_lock` (at most a lease period: a heartbeat blocked
+        on a hung host must not block the recovery that frees it)."""
+        held = self.context_lock.acquire(timeout=self.lease_s)
+        try:
+            yield
+        finally:
+            if held:
+                self.context_lock.release()
 
     @property
     def num_hosts(self):
@@ -188,13 +237,15 @@ class EmbeddingHosts:
         spec[CLIENT_JOB] = [self._client_address]
         resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
             tf.train.ClusterSpec(spec), rpc_layer="grpc")
-        try:
-            tf.config.experimental_connect_to_cluster(resolver, job_name=CLIENT_JOB,
-                                                      make_master_device_default=False)
-        except tf.errors.OpError as e:
-            raise self.translate(e) from None
-        self._connected_spec = self.cluster_spec.as_dict()
-        self.check(timeout_s)
+        with self._changing_context():
+            try:
+                tf.config.experimental_connect_to_cluster(resolver, job_name=CLIENT_JOB,
+                                                          make_master_device_default=False)
+            except tf.errors.OpError as e:
+                raise self.translate(e) from None
+            self._connected_spec = self.cluster_spec.as_dict()
+            self.generation += 1
+            self.check(timeout_s)
 
     @property
     def connected(self):
@@ -213,7 +264,11 @@ class EmbeddingHosts:
         connected."""
         if self.connected:
             from tensorflow.python.eager import context  # pylint: disable=import-outside-toplevel
-            context._reset_context()  # pylint: disable=protected-access
+            with self._changing_context():
+                # The heartbeat's threads belong to the old context: end them.
+                self.leases.stop()
+                self.leases = lease.Heartbeat(self)
+                context._reset_context()  # pylint: disable=protected-access
             self.forget_connection()
 
     def reconnect(self, timeout_s=None):
@@ -222,9 +277,10 @@ class EmbeddingHosts:
         Then sends a tensor over every pair of tasks until that succeeds
         (gRPC channels to the restarted host fail fast once before they
         reconnect; a training step must not be the one that finds out)."""
-        self._connected_spec = None
-        self.connect(timeout_s)
-        self._warm_channels(host_timeout_s(timeout_s))
+        with self._changing_context():
+            self._connected_spec = None
+            self.connect(timeout_s)
+            self._warm_channels(host_timeout_s(timeout_s))
 
     def _warm_channels(self, timeout):
         tasks = ["/job:localhost/replica:0/task:0/device:CPU:0"] + [
@@ -284,12 +340,19 @@ class EmbeddingHosts:
         probed and ``DeadlineExceededError`` names those that did not answer;
         the step is abandoned (its thread stays blocked until the host's
         connection closes) and the hosts' engines must be restored from the
-        last checkpoint after the host is restarted and `reconnect` ed."""
+        last checkpoint after the host is restarted and `reconnect` ed.
+
+        A step that fails leaves no doubt about what it changed: the error
+        also says, per host, whether it applied the step(s) -- the step count
+        of this process's engines before and after (`step_counts`) -- or
+        could not be asked.  Restoring the last checkpoint (after restarting
+        and reconnecting a host that died) makes every host consistent again."""
         timeout = host_timeout_s(timeout_s)
         result = {}
 
         def target():
             try:
+                result["before"] = self.step_counts()
                 result["value"] = fn(*args, **kwargs)
             except BaseException as e:  # noqa: BLE001 - re-raised in the caller
                 result["error"] = e
@@ -310,10 +373,74 @@ class EmbeddingHosts:
             if isinstance(error, tf.errors.UnavailableError):
                 dead = self.unreachable()
                 k = dead[0] if dead else None
-            raise self.translate(error, k) from None
+            error = self.translate(error, k)
+            if isinstance(error, tf.errors.OpError) and result.get("before"):
+                error = type(error)(error.node_def, error.op, error.message + self._applied_report(
+                    result["before"], self.step_counts()))
+            raise error from None
         return result["value"]
 
+    def step_counts(self):
+        """``{engine: [steps applied on host k, or None when host k cannot be
+        asked or has lost the engine]}`` for the engines whose leases this
+        process holds (asking renews them)."""
+        from tf_tpu_emb import ops  # pylint: disable=import-outside-toplevel
+
+        counts = {}
+        for engine in self.leases.engines():
+            row = []
+            for k in range(self.num_hosts):
+                try:  # the lease op never fails on the host (no tainted executor)
+                    with tf.device(self.device(k)):
+                        count = int(ops.renew_tpu_embedding_lease(engine=engine)[1].numpy())
+                    row.append(count if count >= 0 else None)
+                except tf.errors.OpError:
+                    row.append(None)
+            counts[engine] = row
+        return counts
+
+    def _applied_report(self, before, after):
+        """What a failed step changed on each host, from the step counts."""
+        parts = []
+        for engine, old in sorted(before.items()):
+            new = after.get(engine, [None] * self.num_hosts)
+            applied = [k for k in range(self.num_hosts)
+                       if None not in (old[k], new[k]) and new[k] > old[k]]
+            untouched = [k for k in range(self.num_hosts)
+                         if None not in (old[k], new[k]) and new[k] == old[k]]
+            unknown = [k for k in range(self.num_hosts) if None in (old[k], new[k])]
+            name = lambda ks: ", ".join("host %d" % k for k in ks) or "none"  # noqa: E731
+            parts.append("engine '%s': applied on %s%s; not applied on %s; unknown (host "
+                         "unreachable, its shard is lost) on %s" % (
+                             engine, name(applied),
+                             "" if not applied else " (step count %s)" % ", ".join(
+                                 "%d -> %d" % (old[k], new[k]) for k in applied),
+                             name(untouched), name(unknown)))
+        return (". What the failed step changed, per host: " + "; ".join(parts) +
+                ". To make every host consistent: restart a host that died, "
+                "hosts.reconnect(), then restore the last checkpoint (every host is "
+                "configured again and loaded)")
+
     # ------------------------------------------------------------------ errors
+    @contextlib.contextmanager
+    def translating(self):
+        """A context in which a remote error (tf.errors.OpError) is raised as
+        `translate` makes it: naming its host (steps run eagerly, outside
+        `run`)."""
+        from tensorflow.python.eager import context  # pylint: disable=import-outside-toplevel
+
+        try:
+            yield
+            if tf.executing_eagerly():
+                context.async_wait()  # remote eager ops report their errors late
+        except tf.errors.OpError as e:
+            context.context().executor.clear_error()  # this thread's, without waiting
+            k = None
+            if isinstance(e, tf.errors.UnavailableError):
+                dead = self.unreachable()
+                k = dead[0] if dead else None
+            raise self.translate(e, k) from None
+
     def host_of(self, error):
         """The host an error is about, or None: the first host whose address the
         message names (gRPC names the address it failed to reach), else the

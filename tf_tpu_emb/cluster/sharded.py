@@ -29,22 +29,37 @@ among one host's ops and runs the hosts' parts in parallel.
 """
 import tensorflow as tf
 
+from tf_tpu_emb import backend
+from tf_tpu_emb import engine_registry
 from tf_tpu_emb import ops
 from tf_tpu_emb import send as send_lib
 from tf_tpu_emb.cluster import checkpoint
+from tf_tpu_emb.cluster import lease
 from tf_tpu_emb.cluster import ordering
 from tf_tpu_emb.cluster import routing
 
 
-class ShardedEngine:
-    """The engines of ``hosts`` holding one model's tables, sharded.
+class ShardedEngine(backend.Backend):
+    """The engines of ``hosts`` holding one model's tables, sharded: the
+    :class:`tf_tpu_emb.backend.Backend` of ``TPUEmbedding(cluster=...)``.
 
     ``config``: the serialized ``TPUEmbeddingConfiguration`` (its
     ``num_hosts`` = ``hosts.num_hosts``); ``features``: one
-    :class:`~tf_tpu_emb.cluster.routing.FeatureRoute` per feature descriptor.
+    :class:`~tf_tpu_emb.cluster.routing.FeatureRoute` per feature descriptor;
+    ``replica_offset``: the engine replica of this worker's replica 0
+    (``worker index * replicas per worker``); ``owner``: the
+    ``TPUEmbedding``, whose pooled engine name (``engine_registry``, prefixed
+    with this process's trainer session, ``lease.SESSION_PREFIX``) names the
+    engines this backend configures on the hosts.
+
+    Lifecycle (``tf_tpu_emb.cluster.lease``): every host engine is a lease
+    kept by ``hosts.leases`` (the heartbeat) until ``shutdown``; an owner
+    collected without one ``abandon`` s it (no op on the finalizer's thread);
+    after ``hosts.reconnect()`` the backend is ``stale`` and the next restore
+    ``reconfigure`` s every host under the same name.
     """
 
-    def __init__(self, hosts, config, features):
+    def __init__(self, hosts, config, features, *, replica_offset=0, owner=None):
         from tensorflow.core.protobuf.tpu import tpu_embedding_configuration_pb2 as pb
         proto = pb.TPUEmbeddingConfiguration.FromString(config)
         if proto.num_hosts != hosts.num_hosts:
@@ -55,59 +70,146 @@ class ShardedEngine:
         self.num_hosts = hosts.num_hosts
         self.mod = proto.sharding_strategy == pb.TPUEmbeddingConfiguration.MOD
         self.router = routing.Router(features, self.num_hosts, self.mod)
+        self.replica_offset = int(replica_offset)
+        self._owner = owner
+        self._generation = None
         self.configured = False
+
+    def replica(self, local_replica):
+        """The engine replica (a Python int: it picks the host's device) of
+        this worker's replica ``local_replica``."""
+        local = tf.get_static_value(local_replica)
+        if local is None:
+            raise ValueError("with cluster=, the replica must be known when the step is "
+                             "traced (strategy.run of a MirroredStrategy)")
+        return self.replica_offset + int(local)
 
     def _device(self, k, replica=0):
         return self.hosts.device(k, replica)
 
     # ------------------------------------------------------------ lifecycle
 
-    def configure(self):
-        """Configures every host's engine (eagerly); RuntimeError naming the
-        host when one already has an engine."""
+    def configure(self, takeover=False):
+        """Configures every host's shard under this trainer's lease (eagerly).
+        A host another trainer's running lease holds refuses with
+        FailedPrecondition naming the host, the holder and when its lease
+        ends (``takeover`` evicts it); no host is left configured then."""
         self.hosts.connect()
+        self._shut_down_orphans()
+        if self._owner is not None:
+            self.engine = engine_registry.name_for(self._owner, prefix=lease.SESSION_PREFIX)
+        else:  # a backend without an owning object: a name of its own
+            self.engine = engine_registry.EngineName(lease.SESSION_PREFIX).name
+        self._configure_hosts(takeover)
+        self.configured = True
+        self.hosts.leases.keep(self.engine)
+
+    def _configure_hosts(self, takeover):
+        # Every host's lease first (evicting ended ones): a refusal is an
+        # answer, not a failing op (that would taint the host's executor).
         for k in range(self.num_hosts):
             with tf.device(self._device(k)):
-                if ops.is_tpu_embedding_initialized().numpy():
-                    raise RuntimeError(
-                        "{} already has a configured engine: another model uses it; shut "
-                        "that one down first".format(self.hosts.describe(k)))
+                refusal = ops.claim_tpu_embedding_host(
+                    takeover=takeover, engine=self.engine).numpy().decode()
+            if refusal:
+                raise tf.errors.FailedPreconditionError(
+                    None, None, "{}: {}".format(self.hosts.describe(k), refusal))
         done = []
         try:
             for k in range(self.num_hosts):
-                with tf.device(self._device(k)):
-                    ops.configure_tpu_embedding_host_shard(self.config, k)
+                with self.hosts.synchronous(), tf.device(self._device(k)):
+                    ops.configure_tpu_embedding_host_shard(
+                        self.config, k, lease_seconds=self.hosts.lease_s, takeover=takeover,
+                        engine=self.engine)
                 done.append(k)
-        except Exception as e:  # leave no host configured behind
-            for k in done:
-                with tf.device(self._device(k)):
-                    ops.shutdown_tpu_embedding()
+        except tf.errors.OpError as e:  # leave no host configured behind
+            self._shut_down_hosts(done)
             raise self.hosts.translate(e, len(done)) from None
-        self.configured = True
+        self._generation = self.hosts.generation
+
+    def _shut_down_hosts(self, hosts, engine=None):
+        """Shuts `engine` (this backend's) down on `hosts`; a host that cannot
+        be reached has no engine any more (its process is gone) or keeps it
+        until its lease ends."""
+        for k in hosts:
+            try:
+                with self.hosts.synchronous(), tf.device(self._device(k)):
+                    ops.shutdown_tpu_embedding(engine=engine or self.engine)
+            except tf.errors.OpError:
+                pass
+
+    def _shut_down_orphans(self):
+        """Engines of owners collected without a shutdown (``abandon``): shut
+        down now, at a point where running ops is safe."""
+        for engine in self.hosts.leases.take_orphans():
+            self._shut_down_hosts(range(self.num_hosts), engine)
 
     def attach(self):
         """Uses the engines another worker configured (and loaded: callers
-        order a worker's build after worker 0's); FailedPrecondition naming
-        the first host that has no engine."""
+        order a worker's build after worker 0's): the engine whose lease runs
+        on every host; FailedPrecondition naming the first host that has none."""
         self.hosts.connect()
+        names = []
         for k in range(self.num_hosts):
             with tf.device(self._device(k)):
-                ready = bool(ops.is_tpu_embedding_initialized().numpy())
-            if not ready:
+                names.append(ops.leased_tpu_embedding_engine().numpy().decode())
+            if not names[-1]:
                 raise tf.errors.FailedPreconditionError(
                     None, None, "{} has no configured engine: worker 0 builds the model's "
                     "TPUEmbedding before the other workers".format(self.hosts.describe(k)))
+        if len(set(names)) > 1:
+            raise tf.errors.FailedPreconditionError(
+                None, None, "the embedding hosts hold the engines of different trainers ({}): "
+                "worker 0 builds the model's TPUEmbedding (takeover=True to take them all) "
+                "before the other workers".format(", ".join(
+                    "host %d: %s" % (k, n) for k, n in enumerate(names))))
+        self.engine = names[0]
 
     def shutdown(self):
         """Shuts every host's engine down (tables are lost: retrieve first)."""
         if not self.configured:
             return
         self.configured = False
-        for k in range(self.num_hosts):
-            with tf.device(self._device(k)):
-                ops.shutdown_tpu_embedding()
+        self.hosts.leases.drop(self.engine)
+        self._shut_down_hosts(range(self.num_hosts))
+
+    def abandon(self):
+        """The owner was collected: stop the heartbeat now (any thread, no
+        op); the next configure through these hosts shuts the engines down,
+        else their leases end."""
+        if self.configured:
+            self.configured = False
+            self.hosts.leases.drop(self.engine, orphan=True)
+
+    def stale(self):
+        """Configured before the last ``hosts.reconnect()``: a restarted host
+        has lost its shard, the others may hold a half-applied step."""
+        return self.configured and self._generation != self.hosts.generation
+
+    def reconfigure(self):
+        """Every host afresh under the same name (the caller loads every
+        table, e.g. a checkpoint restore): the recovery after a host restart."""
+        self._shut_down_hosts(range(self.num_hosts))
+        self._configure_hosts(takeover=False)
+        self.hosts.leases.keep(self.engine)
+
+    def errors(self):
+        """Eager remote errors name their host (``hosts.translate``)."""
+        return self.hosts.translating()
 
     # ---------------------------------------------------------- tables
+
+    def step_count(self):
+        """Host 0's step count (every host applies every step) and whether a
+        table stores bfloat16 there."""
+        with tf.device(self._device(0)):
+            return ops.retrieve_tpu_embedding_step_count(engine=self.engine)
+
+    def load_step_count(self, count):
+        """Every host's step count (bfloat16 rounding seeds, checkpoints)."""
+        for k in range(self.num_hosts):
+            with tf.device(self._device(k)):
+                ops.load_tpu_embedding_step_count(count, engine=self.engine)
 
     def load(self, handles, table_name, values):
         """Loads a whole table's state tensors (``handles.tensors`` order,
@@ -117,7 +219,8 @@ class ShardedEngine:
             shards = [checkpoint.shard_rows(v, self.num_hosts, k, self.mod) for v in values]
             with tf.device(self._device(k)):
                 ordering.per_host(handles.load(*shards, num_shards=self.num_hosts,
-                                               shard_id=k, table_name=table_name), k)
+                                               shard_id=k, table_name=table_name,
+                                               engine=self.engine), k)
 
     def retrieve(self, handles, table_name):
         """The whole table's state tensors, reassembled from every host."""
@@ -126,7 +229,7 @@ class ShardedEngine:
             with tf.device(self._device(k)):
                 values = ordering.per_host(
                     handles.retrieve(num_shards=self.num_hosts, shard_id=k,
-                                     table_name=table_name), k)
+                                     table_name=table_name, engine=self.engine), k)
             per_host.append([values] if isinstance(values, tf.Tensor) else list(values))
         return [checkpoint.assemble([h[i] for h in per_host], self.mod)
                 for i in range(len(per_host[0]))]
@@ -143,6 +246,7 @@ class ShardedEngine:
                 enqueues.append(ordering.per_host(ops.enqueue_tpu_embedding_arbitrary_tensor_batch(
                     splits, ids, folded, device_ordinal=replica,
                     combiners=self.router.host_combiners, mode_override=mode,
+                    engine=self.engine,
                     name=None if name is None else "{}_host{}".format(name, k)), k))
         return None if tf.executing_eagerly() else tf.group(enqueues)
 
@@ -152,7 +256,8 @@ class ShardedEngine:
         for k in range(self.num_hosts):
             with tf.device(self._device(k, replica)):
                 partials.append(ordering.per_host(ops.recv_tpu_embedding_activations(
-                    num_outputs=num_outputs, config=self.config, name=name), k))
+                    num_outputs=num_outputs, config=self.config, engine=self.engine,
+                    name=name), k))
         if self.num_hosts == 1:
             return list(partials[0])
         return [tf.add_n([p[o] for p in partials]) for o in range(num_outputs)]

@@ -101,11 +101,8 @@ from tensorflow.python.tpu import tpu_embedding_v2_utils as v2_utils
 from tensorflow.python.util import nest
 
 from tf_tpu_emb import engine_registry
-from tf_tpu_emb import gradients as gradients_lib
 from tf_tpu_emb import layout as layout_lib
 from tf_tpu_emb import mid_level
-from tf_tpu_emb import ops as ops_lib
-from tf_tpu_emb import optimizers as optimizers_lib
 from tf_tpu_emb import signatures as signatures_lib
 from tf_tpu_emb import structure
 from tf_tpu_emb.keras import config as config_lib
@@ -155,10 +152,6 @@ class _State:
         self.dummies = []            # Keras variables, by table id
         self.mirrors = []            # per table: [(state name, mirrors.TableVariable)]
         self.acquired = False        # the engine is configured by this layer
-        # The layer's engine name: the same for every TPUEmbedding it takes
-        # (after a release), so functions traced before still address it.
-        self.engine_name = engine_registry.new_name("keras_layer")
-        self.layout = None
         self.per_replica_batch = None
         self.num_replicas = 1
         self.batch_hint = None       # static global batch seen at build
@@ -284,15 +277,13 @@ class TPUEmbeddingLayer(keras.layers.Layer):
 
     def _new_embedding(self):
         st = self._state
-        emb = mid_level.TPUEmbedding(st.feature_config, st.optimizer, self._pipeline,
-                                     **self._cluster_options)
-        emb._engine_name = st.engine_name  # pylint: disable=protected-access
-        return emb
+        return mid_level.TPUEmbedding(st.feature_config, st.optimizer, self._pipeline,
+                                      **self._cluster_options)
 
     def build(self, input_shape=None):
         st = self._state
         st.embedding = self._new_embedding()
-        st.tables = list(st.embedding._table_config)  # pylint: disable=protected-access
+        st.tables = st.embedding.tables
         st.dummies, st.mirrors = [], []
         for tid, table in enumerate(st.tables):
             tname = _safe(table.name)
@@ -301,7 +292,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
                 trainable=True))
             opt = table.optimizer
             inits = dict(zip(opt._slot_names(), opt._slot_initializers()))  # pylint: disable=protected-access
-            names = self._table_ops(table).tensors
+            names = st.embedding.table_state_names(table)
             mirrors = []
             for name in names:
                 init = table.initializer if name == "parameters" else inits.get(name)
@@ -329,7 +320,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
     def _num_replicas(self):
         """Replicas of the strategy the layer was built under (= engine replicas)."""
         emb = self._state.embedding
-        return emb._num_replicas if emb is not None else 1  # pylint: disable=protected-access
+        return emb.num_replicas if emb is not None else 1
 
     def _per_replica_batch(self, flat_inputs):
         replicas = self._num_replicas()
@@ -368,9 +359,10 @@ class TPUEmbeddingLayer(keras.layers.Layer):
                                  % (x,))
             shapes.append(tf.TensorShape([batch] + shape[1:]))
         with tf.init_scope():
-            # Each layer's TPUEmbedding configures an engine of its own.
-            # A TPUEmbedding builds once: after a release, take a fresh one.
-            if st.embedding is None or st.embedding._config is not None:  # pylint: disable=protected-access
+            # Each layer's TPUEmbedding configures an engine of its own; after
+            # a release the same object builds again (same engine name, so
+            # functions traced before address it again).
+            if st.embedding is None:
                 st.embedding = self._new_embedding()
             emb = st.embedding
             try:
@@ -384,7 +376,6 @@ class TPUEmbeddingLayer(keras.layers.Layer):
             st.acquired = True
             engine_registry.set_holder(emb, self)
             st.per_replica_batch, st.num_replicas = batch, replicas
-            st.layout = emb.layout
             self._load_tables()
             st.synced_at = int(st.counter.numpy())
         return emb
@@ -399,11 +390,6 @@ class TPUEmbeddingLayer(keras.layers.Layer):
                 st.embedding.shutdown()
         st.acquired = False
 
-    @staticmethod
-    def _table_ops(table):
-        """The typed Load/Retrieve handles of the table's optimizer."""
-        return ops_lib.table_ops(optimizers_lib.info_of(table.optimizer).proto_field)
-
     def _load_tables(self, table_ids=None):
         """Mirrors -> engine (no-op while the engine is not configured by this layer)."""
         st = self._state
@@ -412,7 +398,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
         with tf.init_scope():
             for tid in (range(len(st.tables)) if table_ids is None else table_ids):
                 table = st.tables[tid]
-                st.embedding._load_state(table, [v.value for _, v in st.mirrors[tid]])  # pylint: disable=protected-access
+                st.embedding.load_table(table, [v.value for _, v in st.mirrors[tid]])
 
     def _maybe_sync_from_engine(self, force=False):
         """Engine -> mirrors, if a training step may have changed the tables."""
@@ -426,7 +412,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
             st.syncing = True
             try:
                 for tid, table in enumerate(st.tables):
-                    values = st.embedding._retrieve_state(table)  # pylint: disable=protected-access
+                    values = st.embedding.retrieve_table(table)
                     for (_, var), value in zip(st.mirrors[tid], values):
                         var.value.assign(value)
             finally:
@@ -452,7 +438,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
         layer is garbage collected).
         """
         counter = self._state.counter
-        fns = list(self._state.embedding._dynamic_inputs)  # pylint: disable=protected-access
+        fns = self._state.embedding.dynamic_learning_rates
 
         def learning_rates():
             counter.assign_add(1)  # runs with the Send: the tables are about to change
@@ -499,17 +485,13 @@ class TPUEmbeddingLayer(keras.layers.Layer):
                                     else pack(flat_w))
         emb = self._acquire(flat_x)
         flat_x, flat_w, actual = self._pad(flat_x, flat_w, st.per_replica_batch, train)
-        enqueue = emb.enqueue(pack(flat_x),
-                              None if all(w is None for w in flat_w) else pack(flat_w),
-                              training=train)
-        deps = [] if enqueue is None or tf.executing_eagerly() else [enqueue]
-        with tf.control_dependencies(deps):
-            outputs = nest.flatten(emb.dequeue())
+        # Program order (tf.function's automatic control dependencies, per
+        # host with cluster=) runs the Recv after the enqueue.
+        emb.enqueue(pack(flat_x), None if all(w is None for w in flat_w) else pack(flat_w),
+                    training=train)
+        outputs = nest.flatten(emb.dequeue())
         if train:
-            hooked = gradients_lib.hook_step(st.dummies, st.layout, outputs,
-                                             self._learning_rates_fn(),
-                                             send_fn=emb._send_fn())  # pylint: disable=protected-access
-            outputs = list(hooked.values())
+            outputs = emb.hook_step(st.dummies, outputs, self._learning_rates_fn())
         if actual is not None:
             outputs = [a[:actual] for a in outputs]
         if self.compute_dtype != "float32":
