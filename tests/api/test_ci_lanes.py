@@ -1,0 +1,47 @@
+"""Every test runs in at least one CI lane (README "Tests and CI lanes"): the
+default lane (`make test`) leaves out only the `slow` and `clients` tests, so
+each test file with `slow` tests must be in the sanitizer lane's SAN_TESTS
+and each with `clients` tests in the client lane's folder; `.ci/run` runs
+every lane, and the README's test command is the default lane's."""
+import pathlib
+import re
+
+import harness
+
+ROOT = pathlib.Path(harness.ROOT)
+MAKEFILE = (ROOT / "Makefile").read_text()
+
+
+def _make_var(name):
+    match = re.search(r"^%s\s*\??=\s*(.*)$" % name, MAKEFILE, re.M)
+    assert match, name
+    return match.group(1).split()
+
+
+def _files_marked(marker):
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("*/test_*.py")
+                  if re.search(r"pytest\.mark\.%s\b" % marker, p.read_text()))
+
+
+def _covered(path, roots):
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def test_slow_tests_run_in_the_sanitizer_lane():
+    san = _make_var("SAN_TESTS")
+    assert _files_marked("slow"), "no slow tests found: the check would be vacuous"
+    assert [f for f in _files_marked("slow") if not _covered(f, san)] == []
+
+
+def test_client_tests_run_in_the_client_lane():
+    assert [f for f in _files_marked("clients") if not f.startswith("tests/clients/")] == []
+    assert re.search(r"^test-clients:.*\n.*-m clients tests/clients", MAKEFILE, re.M)
+
+
+def test_ci_runs_every_lane_and_the_readme_test_command():
+    ci = (ROOT / ".ci" / "run").read_text()
+    for target in ("test", "sanitize", "package-check", "test-tfio", "test-clients"):
+        assert re.search(r"^lane \S+ make %s$" % target, ci, re.M), target
+    assert re.search(r"^make test\s+# ", (ROOT / "README.md").read_text(), re.M)
+    assert '-m "$(DEFAULT_LANE)"' in MAKEFILE and "DEFAULT_LANE  = not slow and not clients" \
+        in MAKEFILE
