@@ -53,7 +53,11 @@ class Engine : public ::tensorflow::ResourceBase {
   // `host_id` < 0: one host holding every table whole (TF's core
   // ConfigureTPUEmbedding, whatever the config's num_hosts says); else host
   // `host_id` of the config's num_hosts, holding only that shard of every
-  // table and slot (ConfigureTPUEmbeddingHostShard).
+  // table and slot (ConfigureTPUEmbeddingHostShard); kRoutingOnly: the
+  // worker's view of a sharded model (engine/routing.h) -- the validated,
+  // completed config, its outputs and tables (whole vocabularies) and the
+  // input mappers' checks, but no table storage.
+  static constexpr int kRoutingOnly = -2;
   static absl::Status Create(const std::string& config_bytes, EnginePtr* engine,
                              int host_id = -1);
 
@@ -89,11 +93,9 @@ class Engine : public ::tensorflow::ResourceBase {
   const std::vector<OutputSpec>& outputs() const { return outputs_; }
   Table& table(int t) { return tables_[t]; }
   const Table& table(int t) const { return tables_[t]; }
-  // The config's sharding_strategy is MOD (else DIV_DEFAULT): Load/Retrieve's
-  // shard row mapping (CopyShard).
-  bool mod_sharding() const {
-    return config_.sharding_strategy() == TPUEmbeddingConfiguration::MOD;
-  }
+  // The config's sharding_strategy: Load/Retrieve's shard row mapping
+  // (CopyShard) and the hosts' row layout (core/sharding.h).
+  ShardingStrategy sharding() const { return ShardingOf(config_); }
   // Host sharding: this engine holds shard host_id() of num_hosts() of every
   // table (num_hosts() == 1, host_id() == 0 for an engine holding them whole).
   int num_hosts() const { return num_hosts_; }
@@ -151,6 +153,16 @@ class Engine : public ::tensorflow::ResourceBase {
   absl::Status Submit(int replica, std::vector<::tensorflow::Tensor> gradients,
                       const std::vector<float>& dynamic_inputs,
                       ::tsl::thread::ThreadPool* pool);
+  // The same with the gradient rows of output o at grads[o] (bags x dim
+  // floats of the in-flight batch), inside the tensors `keep`.
+  absl::Status Submit(int replica, std::vector<::tensorflow::Tensor> keep,
+                      std::vector<const float*> grads, const std::vector<float>& dynamic_inputs,
+                      ::tsl::thread::ThreadPool* pool);
+  // What replica's in-flight training batch needs from a Send: per output
+  // the floats of its gradient (bags x dim) and the batch's sequence
+  // (routed batches); FailedPrecondition, as Submit, when there is none.
+  absl::Status InFlightGradientFloats(int replica, std::vector<int64_t>* floats,
+                                      int64_t* sequence);
   // Fails the current step for every replica (a replica's Send was invalid):
   // parts already handed in are dropped and waiting Recvs get the error.
   void AbortStep(const std::string& reason);

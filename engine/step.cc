@@ -98,7 +98,45 @@ void Engine::SetInFlight(int replica, Batch batch) {
 
 // ------------------------------------------------------------ training step
 
+namespace {
+
+absl::Status NotInFlight(int replica, bool inference) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "SendTPUEmbeddingGradients: replica ", replica,
+      inference ? " received an inference-mode batch; gradients can only be sent for a "
+                  "batch enqueued in training mode"
+                : " has no batch to send gradients for: run RecvTPUEmbeddingActivations "
+                  "first, and send once per Recv"));
+}
+
+}  // namespace
+
+absl::Status Engine::InFlightGradientFloats(int replica, std::vector<int64_t>* floats,
+                                            int64_t* sequence) {
+  std::lock_guard<std::mutex> lock(queue_mu_);
+  if (in_flight_state_[replica] != kTraining) {
+    return NotInFlight(replica, in_flight_state_[replica] == kInference);
+  }
+  const Batch& batch = in_flight_[replica];
+  floats->clear();
+  for (size_t o = 0; o < batch.outputs.size(); ++o) {
+    floats->push_back(static_cast<int64_t>(batch.outputs[o].offsets.size() - 1) *
+                      tables_[outputs_[o].table].dimension);
+  }
+  *sequence = batch.sequence;
+  return absl::OkStatus();
+}
+
 absl::Status Engine::Submit(int replica, std::vector<::tensorflow::Tensor> gradients,
+                            const std::vector<float>& dynamic_inputs,
+                            ::tsl::thread::ThreadPool* pool) {
+  std::vector<const float*> grads;
+  for (const auto& g : gradients) grads.push_back(g.flat<float>().data());
+  return Submit(replica, std::move(gradients), std::move(grads), dynamic_inputs, pool);
+}
+
+absl::Status Engine::Submit(int replica, std::vector<::tensorflow::Tensor> keep,
+                            std::vector<const float*> grads,
                             const std::vector<float>& dynamic_inputs,
                             ::tsl::thread::ThreadPool* pool) {
   // Allocated before anything changes: an allocation failure leaves the
@@ -108,16 +146,11 @@ absl::Status Engine::Submit(int replica, std::vector<::tensorflow::Tensor> gradi
   {
     std::unique_lock<std::mutex> lock(queue_mu_);
     if (in_flight_state_[replica] != kTraining) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "SendTPUEmbeddingGradients: replica ", replica,
-          in_flight_state_[replica] == kInference
-              ? " received an inference-mode batch; gradients can only be sent for a "
-                "batch enqueued in training mode"
-              : " has no batch to send gradients for: run RecvTPUEmbeddingActivations "
-                "first, and send once per Recv"));
+      return NotInFlight(replica, in_flight_state_[replica] == kInference);
     }
     part->batch = std::move(in_flight_[replica]);
-    part->gradients = std::move(gradients);
+    part->gradients = std::move(keep);
+    part->grads = std::move(grads);
     in_flight_state_[replica] = kNoBatch;
     parts_[replica] = std::move(part);
     if (++submitted_ < num_replicas_) return absl::OkStatus();

@@ -102,7 +102,7 @@ class LoadTableOp : public TableOpBase {
     }
     std::unique_lock<std::shared_mutex> lock(engine.tables_mutex());
     for (int i = 0; i < ctx->num_inputs(); ++i) {
-      CopyShard(table, engine.mod_sharding(), shard.local_shards, shard.local_shard_id,
+      CopyShard(table, engine.sharding(), shard.local_shards, shard.local_shard_id,
                 shard.rows, table.state[i].get(),
                 const_cast<float*>(ctx->input(i).flat<float>().data()), /*to_state=*/true);
     }
@@ -121,7 +121,7 @@ class RetrieveTableOp : public TableOpBase {
       Tensor* out;
       OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({shard.rows, table.dimension}),
                                                &out));
-      CopyShard(table, engine.mod_sharding(), shard.local_shards, shard.local_shard_id,
+      CopyShard(table, engine.sharding(), shard.local_shards, shard.local_shard_id,
                 shard.rows, table.state[i].get(), out->flat<float>().data(),
                 /*to_state=*/false);
     }
@@ -209,7 +209,7 @@ class LoadAllOp : public AllTablesOpBase {
       Table& table = engine->table(t);
       for (int i = 0; i < static_cast<int>(table.state_names.size()); ++i) {
         if (IsAccumulator(table, i)) continue;
-        CopyShard(table, engine->mod_sharding(), shards[t].local_shards,
+        CopyShard(table, engine->sharding(), shards[t].local_shards,
                   shards[t].local_shard_id, shards[t].rows, table.state[i].get(),
                   const_cast<float*>(groups[i][t].flat<float>().data()), true);
       }
@@ -239,7 +239,7 @@ class RetrieveAllOp : public AllTablesOpBase {
         if (IsAccumulator(table, i)) {
           out->flat<float>().setConstant(GradientAccumulatorInitialValue());
         } else {
-          CopyShard(table, engine->mod_sharding(), shards[t].local_shards,
+          CopyShard(table, engine->sharding(), shards[t].local_shards,
                     shards[t].local_shard_id, shards[t].rows, table.state[i].get(),
                     out->flat<float>().data(), false);
         }

@@ -1,6 +1,8 @@
 // System ops: ConfigureTPUEmbedding, IsTPUEmbeddingInitialized,
 // ShutdownTPUEmbedding (each for the engine its `engine` attr names, the
-// default engine under TF's core names), and TPUEmbeddingActivations (the
+// default engine under TF's core names), ShutdownTPUEmbeddingRouter (a
+// worker's router of a sharded model, engine/routing.h), and
+// TPUEmbeddingActivations (the
 // identity through which autodiff reaches the embedding gradients) with its
 // gradient in TF's C++ gradient registry (TF_AddGradients: C, TF-Java, Go).
 #include <memory>
@@ -9,6 +11,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/routing.h"
 #include "kernels/registration.h"
 #include "tensorflow/cc/framework/grad_op_registry.h"
 #include "tensorflow/cc/framework/gradients.h"
@@ -104,12 +107,24 @@ class ShutdownOp : public OpKernel {
   const std::string engine_;
 };
 
+class ShutdownRouterOp : public OpKernel {
+ public:
+  explicit ShutdownRouterOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("router", &router_));
+  }
+  void Compute(OpKernelContext* ctx) override { Router::Drop(router_); }
+
+ private:
+  std::string router_;
+};
+
 bool RegisterKernels() {
   RegisterCpuKernel<TPUEmbeddingActivationsOp>("TPUEmbeddingActivations");
   RegisterCpuKernel<ConfigureOp>("ConfigureTPUEmbedding");
   RegisterCpuKernel<ConfigureOp>("ConfigureTPUEmbeddingHostShard", /*core=*/false);
   RegisterCpuKernel<IsInitializedOp>("IsTPUEmbeddingInitialized");
   RegisterCpuKernel<ShutdownOp>("ShutdownTPUEmbedding", /*core=*/false);
+  RegisterCpuKernel<ShutdownRouterOp>("ShutdownTPUEmbeddingRouter", /*core=*/false);
   RegisterActivationsGradient();
   return true;
 }
