@@ -10,6 +10,9 @@ of ``--hosts`` (loopback hosts this script starts, ``LocalHosts``), in
              apply_gradients in one tf.function), with the CPU seconds the
              worker (this process) and the hosts (sum over the host
              processes, /proc/<pid>/stat) spend per step;
+  step_inline the same with the hosts' updates inside their Send (not in the
+             background while the worker routes the next batch);
+  step10     ten steps per call (bench_cluster's steps-per-call step);
   worker_ops the worker's ops of one step alone (route, combine, split; the
              hosts' parts replaced by zeros of the right size);
   kernels    the host kernels alone: S host-shard engines configured in this
@@ -96,16 +99,6 @@ def proc_cpu(pids):
     return total / TICKS
 
 
-def make_call(emb, features, cot, steps_per_call):
-    @tf.function
-    def call():
-        emb.enqueue(features, training=True)
-        acts = emb.dequeue()
-        emb.apply_gradients(cot)
-        return acts
-    return call
-
-
 def self_cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -113,7 +106,7 @@ def self_cpu():
 
 def measure_step(args, emb, features, cot, host_pids, steps_per_call=1):
     """(median seconds per step, worker CPU s/step, hosts' CPU s/step)."""
-    step = make_call(emb, features, cot, steps_per_call)
+    step = bc.make_call(emb, features, cot, steps_per_call)
     for _ in range(args.warmup):
         step()["f0"].numpy()
     times = []
@@ -278,7 +271,12 @@ def main(argv=None):
                 emb = bc.make_embedding(args, tables, cluster.hosts)
                 emb._sharded.router.form = args.form  # pylint: disable=protected-access
                 try:
+                    sharded = emb._sharded  # pylint: disable=protected-access
+                    sharded.background_updates = False
+                    inline_s = measure_step(args, emb, features, cot, pids)[0]
+                    sharded.background_updates = True
                     step_s, worker_cpu, host_cpu = measure_step(args, emb, features, cot, pids)
+                    step10_s = measure_step(args, emb, features, cot, pids, 10)[0]
                     worker_ops = measure_worker_ops(args, emb, features, cot)
                     kern_max, kern_sum, packed = measure_in_process(args, emb, features, cot, s)
                     rtt_s = measure_rtt(args, emb, s)
@@ -287,7 +285,8 @@ def main(argv=None):
                                                                for p in packed[1]])
                 finally:
                     emb.shutdown()
-            row = dict(local=local_s, step=step_s, worker_cpu=worker_cpu, host_cpu=host_cpu,
+            row = dict(local=local_s, step=step_s, step_inline=inline_s, step10=step10_s,
+                       worker_cpu=worker_cpu, host_cpu=host_cpu,
                        worker_ops=worker_ops, kernels_max=kern_max,
                        kernels_sum=kern_sum, transfer=transfer_s, rtt=rtt_s,
                        mb_to=np.mean([m[0] for m in moved]) / 1e6,
@@ -296,7 +295,8 @@ def main(argv=None):
             print("round %d, %d host(s): %s" % (r, s, "  ".join(
                 "%s %.3f MB" % (k, v) if k.startswith("mb") else "%s %.2f ms" % (k, v * 1e3)
                 for k, v in row.items())), flush=True)
-    keys = ["local", "step", "worker_cpu", "host_cpu", "worker_ops", "kernels_max",
+    keys = ["local", "step", "step_inline", "step10", "worker_cpu", "host_cpu", "worker_ops",
+            "kernels_max",
             "kernels_sum", "transfer", "rtt", "mb_to", "mb_from"]
     print("\nmedians over %d rounds (ms per step; mb_to / mb_from: MB per step per host, "
           "mean over hosts)" % args.rounds)

@@ -154,10 +154,19 @@ class Engine : public ::tensorflow::ResourceBase {
                       const std::vector<float>& dynamic_inputs,
                       ::tsl::thread::ThreadPool* pool);
   // The same with the gradient rows of output o at grads[o] (bags x dim
-  // floats of the in-flight batch), inside the tensors `keep`.
+  // floats of the in-flight batch), inside the tensors `keep`.  With
+  // `async` (a host's routed Send, engine/routing.h) the update the last Send
+  // of a step completes runs on its own thread (its loops on `pool`) after
+  // Submit returns, so that the
+  // worker routes the next batch meanwhile: every Recv waits for it (as for
+  // an inline update), Load/Retrieve wait for it (WaitForApply), and an error
+  // it raises aborts the next Recv of every replica.
   absl::Status Submit(int replica, std::vector<::tensorflow::Tensor> keep,
                       std::vector<const float*> grads, const std::vector<float>& dynamic_inputs,
-                      ::tsl::thread::ThreadPool* pool);
+                      ::tsl::thread::ThreadPool* pool, bool async = false);
+  // Blocks until no step update is running (Load/Retrieve: tables as of
+  // every Send that returned).
+  void WaitForApply();
   // What replica's in-flight training batch needs from a Send: per output
   // the floats of its gradient (bags x dim) and the batch's sequence
   // (routed batches); FailedPrecondition, as Submit, when there is none.
@@ -198,6 +207,7 @@ class Engine : public ::tensorflow::ResourceBase {
   bool applying_ = false;
   std::vector<std::string> step_errors_;   // per replica, from AbortStep
   StepBarrier<Batch> step_barrier_{&queue_mu_};  // Recvs waiting, under queue_mu_
+  std::condition_variable applied_cv_;  // applying_ became false (queue_mu_)
   int num_dynamic_ = 0;
   int table_without_learning_rate_ = -1;
   bool check_numerics_ = false;

@@ -3,11 +3,14 @@
 // one applies the step for every replica, engine/apply.cc) and Recv's
 // asynchronous wait (its batch, the previous step) on the StepBarrier.
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "engine/engine.h"
+#include "engine/exceptions.h"
+#include "tsl/platform/threadpool.h"  // every TF 2.16-2.21 ships this path
 
 namespace tf_tpu_emb {
 
@@ -135,10 +138,15 @@ absl::Status Engine::Submit(int replica, std::vector<::tensorflow::Tensor> gradi
   return Submit(replica, std::move(gradients), std::move(grads), dynamic_inputs, pool);
 }
 
+void Engine::WaitForApply() {
+  std::unique_lock<std::mutex> lock(queue_mu_);
+  applied_cv_.wait(lock, [this] { return !applying_; });
+}
+
 absl::Status Engine::Submit(int replica, std::vector<::tensorflow::Tensor> keep,
                             std::vector<const float*> grads,
                             const std::vector<float>& dynamic_inputs,
-                            ::tsl::thread::ThreadPool* pool) {
+                            ::tsl::thread::ThreadPool* pool, bool async) {
   // Allocated before anything changes: an allocation failure leaves the
   // engine as it was.
   std::vector<std::unique_ptr<StepPart>> parts, fresh(num_replicas_);
@@ -164,8 +172,28 @@ absl::Status Engine::Submit(int replica, std::vector<::tensorflow::Tensor> keep,
       std::lock_guard<std::mutex> lock(queue_mu_);
       applying_ = false;
     }
+    applied_cv_.notify_all();
     ReleaseWaiters(0, num_replicas_);
   };
+  if (async && pool != nullptr) {
+    Ref();  // the update outlives the kernel; the engine lives until it ends
+    auto shared = std::make_shared<std::vector<std::unique_ptr<StepPart>>>(std::move(parts));
+    // Its own thread, not one of `pool`'s: the update's parallel loops wait
+    // for `pool`'s threads, and a pool thread waiting there could deadlock.
+    std::thread([this, shared, rates = dynamic_inputs, pool, applied] {
+      const absl::Status status = CatchExceptions("the step's update", [&] {
+        std::unique_lock<std::shared_mutex> tables(tables_mu_);
+        ApplyStep(*shared, rates, pool);
+      });
+      if (!status.ok()) {  // the next Recv of every replica reports it
+        std::lock_guard<std::mutex> lock(queue_mu_);
+        for (auto& error : step_errors_) error = std::string(status.message());
+      }
+      applied();
+      Unref();
+    }).detach();
+    return absl::OkStatus();
+  }
   try {
     std::unique_lock<std::shared_mutex> tables(tables_mu_);
     ApplyStep(parts, dynamic_inputs, pool);

@@ -100,6 +100,7 @@ class LoadTableOp : public TableOpBase {
                       " ", ctx->input(i).shape().DebugString(), " should be ",
                       expected.DebugString(), " (shard ", shard_id_, " of ", num_shards_, ")")));
     }
+    engine.WaitForApply();  // a routed Send's update may still run
     std::unique_lock<std::shared_mutex> lock(engine.tables_mutex());
     for (int i = 0; i < ctx->num_inputs(); ++i) {
       CopyShard(table, engine.sharding(), shard.local_shards, shard.local_shard_id,
@@ -116,6 +117,7 @@ class RetrieveTableOp : public TableOpBase {
  protected:
   void Transfer(OpKernelContext* ctx, Engine& engine, Table& table,
                 const Shard& shard) override {
+    engine.WaitForApply();  // a routed Send's update may still run
     std::shared_lock<std::shared_mutex> lock(engine.tables_mutex());
     for (int i = 0; i < ctx->num_outputs(); ++i) {
       Tensor* out;
@@ -204,6 +206,7 @@ class LoadAllOp : public AllTablesOpBase {
                              : std::string("empty"))));
       }
     }
+    engine->WaitForApply();  // a routed Send's update may still run
     std::unique_lock<std::shared_mutex> lock(engine->tables_mutex());
     for (int t = 0; t < engine->num_tables(); ++t) {
       Table& table = engine->table(t);
@@ -224,6 +227,7 @@ class RetrieveAllOp : public AllTablesOpBase {
  protected:
   void Transfer(OpKernelContext* ctx, Engine& e, const std::vector<Shard>& shards) override {
     Engine* engine = &e;
+    engine->WaitForApply();  // a routed Send's update may still run
     std::shared_lock<std::shared_mutex> lock(engine->tables_mutex());
     for (int i = 0; i < kMaxStateVariables; ++i) {
       OpOutputList group;

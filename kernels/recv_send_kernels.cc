@@ -257,7 +257,9 @@ class SendOp : public OpKernel {
 // checked whole before the step sees them; an invalid Send fails the step.
 class SendRoutedOp : public OpKernel {
  public:
-  explicit SendRoutedOp(OpKernelConstruction* ctx) : OpKernel(ctx), op_(BareOpName(ctx)) {}
+  explicit SendRoutedOp(OpKernelConstruction* ctx) : OpKernel(ctx), op_(BareOpName(ctx)) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("background", &background_));
+  }
 
   void Compute(OpKernelContext* ctx) override {
     EngineRef engine;
@@ -275,8 +277,11 @@ class SendRoutedOp : public OpKernel {
       ctx->SetStatus(status);
       return;
     }
+    // In the background the update runs after this kernel returns (the
+    // worker routes the next batch meanwhile); the next Recv and
+    // Load/Retrieve wait for it.
     OP_REQUIRES_OK(ctx, engine->Submit(replica, {ctx->input(0)}, std::move(grads), rates,
-                                       CpuPool(ctx)));
+                                       CpuPool(ctx), background_));
   }
 
  private:
@@ -322,29 +327,41 @@ class SendRoutedOp : public OpKernel {
   }
 
   const std::string op_;
+  bool background_ = true;
 };
 
-// The worker's router of a kernel (its `router` and `config` attrs).
-absl::Status GetRouter(OpKernelConstruction* ctx, std::string* name, std::string* config) {
-  TF_RETURN_IF_ERROR(ctx->GetAttr("router", name));
-  return ctx->GetAttr("config", config);
-}
+// A worker op of the sharded data path: its router (the `router` and
+// `config` attrs) and replica (`device_ordinal`).
+class RouterOp : public OpKernel {
+ public:
+  explicit RouterOp(OpKernelConstruction* ctx) : OpKernel(ctx), op_(BareOpName(ctx)) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("router", &router_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("config", &config_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("device_ordinal", &replica_));
+  }
+
+ protected:
+  absl::Status Acquire(std::shared_ptr<Router>* router) const {
+    TF_RETURN_IF_ERROR(Router::Get(router_, config_, router));
+    return ReplicaInRange(op_, replica_, (*router)->engine());
+  }
+
+  const std::string op_;
+  std::string router_, config_;
+  int replica_ = 0;
+};
 
 // CombineTPUEmbeddingRoutedActivations: the replica's activations (Recv's
 // outputs) from every host's RecvTPUEmbeddingRoutedActivations output, for the
 // routed batch the hosts answered (every host must answer the same one).
-class CombineOp : public OpKernel {
+class CombineOp : public RouterOp {
  public:
-  explicit CombineOp(OpKernelConstruction* ctx) : OpKernel(ctx), op_(BareOpName(ctx)) {
-    OP_REQUIRES_OK(ctx, GetRouter(ctx, &router_, &config_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("device_ordinal", &replica_));
-  }
+  using RouterOp::RouterOp;
 
   void Compute(OpKernelContext* ctx) override {
     std::shared_ptr<Router> router;
-    OP_REQUIRES_OK(ctx, Router::Get(router_, config_, &router));
+    OP_REQUIRES_OK(ctx, Acquire(&router));
     const Engine& e = router->engine();
-    OP_REQUIRES_OK(ctx, ReplicaInRange(op_, replica_, e));
     OpInputList host;
     OP_REQUIRES_OK(ctx, ctx->input_list("host_activations", &host));
     const int hosts = router->num_hosts();
@@ -388,28 +405,19 @@ class CombineOp : public OpKernel {
     OP_REQUIRES_OK(ctx, router->Combine(*plan, in, out, CpuPool(ctx)));
     router->SetInFlight(replica_, std::move(plan));
   }
-
- private:
-  const std::string op_;
-  std::string router_, config_;
-  int replica_ = 0;
 };
 
 // SplitTPUEmbeddingRoutedGradients: the replica's activation gradients
 // (Recv's shapes) and dynamic learning rates -> one vector per host for its
 // SendTPUEmbeddingRoutedGradients, for the routed batch in flight.
-class SplitOp : public OpKernel {
+class SplitOp : public RouterOp {
  public:
-  explicit SplitOp(OpKernelConstruction* ctx) : OpKernel(ctx), op_(BareOpName(ctx)) {
-    OP_REQUIRES_OK(ctx, GetRouter(ctx, &router_, &config_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("device_ordinal", &replica_));
-  }
+  using RouterOp::RouterOp;
 
   void Compute(OpKernelContext* ctx) override {
     std::shared_ptr<Router> router;
-    OP_REQUIRES_OK(ctx, Router::Get(router_, config_, &router));
+    OP_REQUIRES_OK(ctx, Acquire(&router));
     const Engine& e = router->engine();
-    OP_REQUIRES_OK(ctx, ReplicaInRange(op_, replica_, e));
     OpInputList inputs, rates;
     OP_REQUIRES_OK(ctx, ctx->input_list("inputs", &inputs));
     OP_REQUIRES_OK(ctx, ctx->input_list("learning_rates", &rates));
@@ -457,11 +465,6 @@ class SplitOp : public OpKernel {
     }
     OP_REQUIRES_OK(ctx, router->Split(*plan, grads, out, CpuPool(ctx)));
   }
-
- private:
-  const std::string op_;
-  std::string router_, config_;
-  int replica_ = 0;
 };
 
 bool RegisterKernels() {

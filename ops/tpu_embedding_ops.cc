@@ -565,8 +565,12 @@ TTE_OP("RecvTPUEmbeddingRoutedActivations")
       return absl::OkStatus();
     });
 
+// `background`: the update the step's last Send completes runs after the
+// Send returns (the next Recv and Load/Retrieve wait for it); false: within
+// the Send, as SendTPUEmbeddingGradients.
 TTE_OP("SendTPUEmbeddingRoutedGradients")
     .Input("gradients: float32")
+    .Attr("background: bool = true")
     .Attr(kEngineAttr)
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) -> absl::Status {

@@ -286,10 +286,12 @@ def recv_tpu_embedding_routed_activations(engine="", name=None):
     return _gen("RecvTPUEmbeddingRoutedActivations")(engine=engine, name=name)
 
 
-def send_tpu_embedding_routed_gradients(gradients, engine="", name=None):
-    """On a host: its gradients (one float vector from the worker's Split)."""
-    return _gen("SendTPUEmbeddingRoutedGradients")(gradients=gradients, engine=engine,
-                                                   name=name)
+def send_tpu_embedding_routed_gradients(gradients, background=True, engine="", name=None):
+    """On a host: its gradients (one float vector from the worker's Split).
+    ``background``: the step's update runs after the op returns (the next
+    Recv and Load/Retrieve wait for it); False: within the op."""
+    return _gen("SendTPUEmbeddingRoutedGradients")(gradients=gradients, background=background,
+                                                   engine=engine, name=name)
 
 
 # ------------------------------------------------------- fused embedding bag

@@ -63,6 +63,9 @@ class ShardedEngine:
         self.num_hosts = hosts.num_hosts
         self.sharding = checkpoint.sharding_of(proto.sharding_strategy)
         self.router = routing.Router(config, features, self.num_hosts)
+        # Hosts apply a step's update after their Send returned (the next
+        # Recv waits for it): the worker routes the next batch meanwhile.
+        self.background_updates = True
         self.configured = False
 
     def _device(self, k, replica=0):
@@ -178,6 +181,6 @@ class ShardedEngine:
         sends = []
         for k, part in enumerate(parts):
             with tf.device(self._device(k, replica)):
-                sends.append(ordering.per_host(
-                    ops.send_tpu_embedding_routed_gradients(part, name=name), k))
+                sends.append(ordering.per_host(ops.send_tpu_embedding_routed_gradients(
+                    part, background=self.background_updates, name=name), k))
         return None if tf.executing_eagerly() else tf.group(sends)
