@@ -94,6 +94,7 @@ class ShardedEngine:
                 with tf.device(self._device(k)):
                     ops.shutdown_tpu_embedding()
             raise self.hosts.translate(e, len(done)) from None
+        self.wait_for_hosts()
         self.configured = True
 
     def attach(self):
@@ -119,17 +120,31 @@ class ShardedEngine:
             with tf.device(self._device(k)):
                 ops.shutdown_tpu_embedding()
 
+    def wait_for_hosts(self):
+        """Eagerly: returns once every op sent to the hosts so far has run.
+        TF's remote eager ops return before the host runs them, and a step
+        function sent next can run on a host before them (seen on loopback
+        hosts: a first step finding no engine, the configure still queued).
+        One answered op per host drains its queue."""
+        if not tf.executing_eagerly():
+            return
+        for k in range(self.num_hosts):
+            with tf.device(self._device(k)):
+                ops.is_tpu_embedding_initialized().numpy()
+
     # ---------------------------------------------------------- tables
 
     def load(self, handles, table_name, values):
         """Loads a whole table's state tensors (``handles.tensors`` order,
-        each ``[vocabulary_size, dim]``) into every host's shard."""
+        each ``[vocabulary_size, dim]``) into every host's shard (eagerly:
+        done on every host when it returns)."""
         values = [tf.convert_to_tensor(v) for v in values]
         for k in range(self.num_hosts):
             shards = [checkpoint.shard_rows(v, self.num_hosts, k, self.sharding) for v in values]
             with tf.device(self._device(k)):
                 ordering.per_host(handles.load(*shards, num_shards=self.num_hosts,
                                                shard_id=k, table_name=table_name), k)
+        self.wait_for_hosts()
 
     def retrieve(self, handles, table_name):
         """The whole table's state tensors, reassembled from every host."""
