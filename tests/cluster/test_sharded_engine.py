@@ -261,3 +261,67 @@ def test_core_configure_ignores_num_hosts(engine_released):
     tf.raw_ops.ConfigureTPUEmbedding(config=config.SerializeToString())
     params, _ = eu.retrieve_table(config.table_descriptor[0])
     assert params.shape == (11, 4)
+
+
+def _tiny(num_hosts=2):
+    """One 10-row mean table over `num_hosts` hosts, one feature of 2 bags."""
+    config = eu.feature_mode_config([eu.TableSpec("t", 10, 2, "adagrad")],
+                                    [eu.FeatureSpec("watched", 0, [2])], sharding=eu.MOD)
+    config.num_hosts = num_hosts
+    return config
+
+
+def test_route_refuses_bad_input_before_any_host(engine_released):
+    """A bad id or weight fails the worker's route, naming the feature, and
+    no host gets anything: the next valid step goes through (its sequence is
+    the hosts' next batch)."""
+    config = _tiny()
+    state = {"t": eu.random_state(np.random.default_rng(1), config.table_descriptor[0])}
+    router = make_router(config, ["mean"])
+    try:
+        with Hosts(config, state) as hosts:
+            for ids, weights, match in [
+                    ([3, 10], [], r"input 0 \(feature 'watched', table 't'\): embedding id 10 "
+                                  r"at index 1 is outside"),
+                    ([-1, 2], [], "embedding id -1"),
+                    ([1, 2], [1.0, np.nan], "feature 'watched'.*weight at index 1 is not finite")]:
+                with pytest.raises(tf.errors.InvalidArgumentError, match=match):
+                    router.route([tf.constant([0, 1, 2], tf.int32)], [tf.constant(ids, tf.int64)],
+                                 [tf.constant(weights, tf.float32)], "train", 0)
+            batch = [(tf.constant([0, 1, 2], tf.int32), tf.constant([3, 4], tf.int64),
+                      tf.zeros([0], tf.float32))]
+            acts = hosts.step(router, batch, [np.ones([2, 2], np.float32)])
+            np.testing.assert_array_equal(acts[0], state["t"][0][[3, 4]])
+    finally:
+        router.shutdown()
+
+
+def test_the_hosts_and_the_worker_agree_on_the_batch(engine_released):
+    """Every tensor of a step carries its batch's sequence: hosts answering
+    different batches, or gradients for another batch, are refused (the
+    latter fails the step on that host, as an invalid Send does)."""
+    config = _tiny()
+    state = {"t": eu.random_state(np.random.default_rng(2), config.table_descriptor[0])}
+    router = make_router(config, ["sum"])
+    inputs = ([tf.zeros([0], tf.int32)], [tf.constant([1, 2], tf.int64)], [tf.zeros([0])])
+    try:
+        with Hosts(config, state) as hosts:
+            first, _, _ = router.route(*inputs, "train", 0)
+            second, _, _ = router.route(*inputs, "train", 0)
+            ops.enqueue_tpu_embedding_routed_batch(first[0], engine="host0")
+            ops.enqueue_tpu_embedding_routed_batch(second[1], engine="host1")  # host 1 lost one
+            parts = [ops.recv_tpu_embedding_routed_activations(engine=name)
+                     for name in hosts.names]
+            with pytest.raises(tf.errors.FailedPreconditionError,
+                               match="the hosts answered different routed batches"):
+                router.combine(parts, 0)
+            acts = router.combine([parts[0], parts[0]], 0)  # host 0's answer twice: batch 1
+            assert acts[0].shape == (2, 2)
+            grads = router.split([tf.ones([2, 2])], [], 0)
+            ops.send_tpu_embedding_routed_gradients(grads[0], engine="host0")
+            with pytest.raises(tf.errors.InvalidArgumentError,
+                               match=r"the gradients answer routed batch #1 but this host's "
+                                     r"in-flight batch is #2"):
+                ops.send_tpu_embedding_routed_gradients(grads[1], engine="host1")
+    finally:
+        router.shutdown()
