@@ -48,8 +48,8 @@
 // the gradients, so the worker and every host agree on which batch a tensor
 // answers.
 //
-// Implementation: engine/routing.cc (plan, pack, host unpack, combine,
-// split, the router registry).
+// Implementation: engine/routing.cc (plan, pack, combine, split, the router
+// registry); the hosts' mapper in engine/input_mappers.cc.
 #ifndef TF_TPU_EMB_ENGINE_ROUTING_H_
 #define TF_TPU_EMB_ENGINE_ROUTING_H_
 
@@ -94,6 +94,14 @@ inline constexpr int kOutputWords = 4;
 enum Form : int64_t { kBags = 0, kRows = 1 };
 inline constexpr int64_t kWeights = 1, kScales = 2, kIds64 = 4;  // flags
 inline constexpr int kSequenceFloats = 2;
+inline int64_t Align8(int64_t bytes) { return (bytes + 7) & ~int64_t{7}; }
+// The bytes of one output's arrays.
+inline int64_t PayloadBytes(Form form, int64_t bags, int64_t ids, int64_t flags) {
+  const int64_t id_bytes = (flags & kIds64) ? 8 : 4;
+  if (form == kRows) return Align8(ids * id_bytes);
+  return Align8(bags * 4) + Align8(ids * id_bytes) + ((flags & kWeights) ? Align8(ids * 4) : 0) +
+         ((flags & kScales) ? Align8(bags * 4) : 0);
+}
 }  // namespace packed
 
 // How the worker routes: the smaller form per output and step, one form,
