@@ -67,12 +67,6 @@
 #include "engine/engine.h"
 #include "engine/input_mappers.h"
 
-namespace tsl {
-namespace thread {
-class ThreadPool;
-}  // namespace thread
-}  // namespace tsl
-
 namespace tf_tpu_emb {
 
 // Packed batch of one host (a uint8 tensor, native byte order; written and
