@@ -19,6 +19,7 @@
 #include "google/protobuf/message.h"
 #include "google/protobuf/unknown_field_set.h"
 #include "core/optimizers.h"
+#include "core/sharding.h"
 #include "core/tf_version.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/framework/tensor_shape.pb.h"
@@ -173,8 +174,9 @@ inline absl::Status ComputeOutputShapes(const TPUEmbeddingConfiguration& config,
   return absl::OkStatus();
 }
 
-// Number of rows of a table held by shard `shard_id` of `num_shards`: the
-// first vocabulary_size % num_shards shards hold one extra row.
+// Number of rows of a table held by shard `shard_id` of `num_shards`
+// (ShardLayout::Rows), with the errors of TF's table shard shapes
+// (TpuEmbeddingShapeUtil): TF refuses an empty shard there.
 inline absl::StatusOr<int64_t> NumIdsInShard(int64_t vocabulary_size,
                                              int shard_id, int num_shards) {
   if (num_shards <= 0) {
@@ -187,9 +189,13 @@ inline absl::StatusOr<int64_t> NumIdsInShard(int64_t vocabulary_size,
         absl::StrCat("The value of shard_id must be >= 0 and < ", num_shards,
                      ". Currently set to: ", shard_id));
   }
-  int64_t rows = vocabulary_size / num_shards;
-  if (vocabulary_size % num_shards != 0 && vocabulary_size < 0) --rows;  // floor
-  if (shard_id < vocabulary_size % num_shards) ++rows;
+  int64_t rows;
+  if (vocabulary_size >= 1) {
+    rows = ShardLayout{vocabulary_size, num_shards}.Rows(shard_id);
+  } else {  // TF's arithmetic (floor) for an invalid vocabulary: a negative is unknown
+    rows = vocabulary_size / num_shards;
+    if (vocabulary_size % num_shards != 0) --rows;
+  }
   if (rows == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "All embedding shards must be non-empty, shard ID: ", shard_id,
@@ -212,17 +218,16 @@ inline absl::Status TableShardShapes(const TPUEmbeddingConfiguration& config,
   return absl::OkStatus();
 }
 
-// Global row id of row `local_row` of shard `shard_id` of `num_shards`.
-// DIV_DEFAULT: contiguous ranges; MOD: id % num_shards == shard_id.
-inline int64_t GlobalRowOfShardRow(bool mod_sharding, int64_t vocabulary_size,
-                                   int shard_id, int num_shards,
-                                   int64_t local_row) {
-  if (mod_sharding) return local_row * num_shards + shard_id;
-  const int64_t base = vocabulary_size / num_shards;
-  const int64_t extra = vocabulary_size % num_shards;
-  const int64_t start =
-      shard_id * base + (shard_id < extra ? shard_id : extra);
-  return start + local_row;
+// The config's sharding_strategy (core/sharding.h holds its arithmetic).
+inline ShardingStrategy ShardingOf(const TPUEmbeddingConfiguration& config) {
+  return config.sharding_strategy() == TPUEmbeddingConfiguration::MOD
+             ? ShardingStrategy::kMod : ShardingStrategy::kDivDefault;
+}
+
+// The layout of table `t` over the config's num_hosts hosts.
+inline ShardLayout HostLayout(const TPUEmbeddingConfiguration& config, int t) {
+  return ShardLayout{config.table_descriptor(t).vocabulary_size(),
+                     config.num_hosts() < 1 ? 1 : config.num_hosts(), ShardingOf(config)};
 }
 
 // The state variables of a table, in TF's order: "parameters", the

@@ -245,14 +245,16 @@ void Engine::ApplyStep(const std::vector<std::unique_ptr<StepPart>>& parts,
         if (outputs_[o].table != t) continue;
         for (const auto& part : parts) {
           const OutputBatch& ob = part->batch.outputs[o];
-          const float* grads = part->gradients[o].flat<float>().data();
+          const float* grads = part->grads[o];
           const int64_t bags = ob.offsets.size() - 1;
           for (int64_t b = 0; b < bags; ++b) {
             const int64_t lo = ob.offsets[b], hi = ob.offsets[b + 1];
             if (lo == hi) continue;
-            const float scale = BagScale(ob.slot_combiners[b % ob.slot_combiners.size()],
-                                         ob.weights.empty() ? nullptr : ob.weights.data() + lo,
-                                         hi - lo);
+            const float scale =
+                ob.bag_scales.empty()
+                    ? BagScale(ob.slot_combiners[b % ob.slot_combiners.size()],
+                               ob.weights.empty() ? nullptr : ob.weights.data() + lo, hi - lo)
+                    : ob.bag_scales[b];
             for (int64_t k = lo; k < hi; ++k) {
               const float w = ob.weights.empty() ? 1.0f : ob.weights[k];
               const int64_t id = ob.ids[k];

@@ -30,18 +30,27 @@ struct OutputBatch {
   // Combiner of bag p is slot_combiners[p % slot_combiners.size()]: in table
   // mode several features with their own combiners interleave in a table.
   std::vector<Combiner> slot_combiners;
+  // Empty, or (a host's part of a routed batch, engine/routing.h) the
+  // combiner scale of each bag over the whole bag, which the backward step
+  // uses instead of the scale of the bag's ids here.
+  std::vector<float> bag_scales;
 };
 
+// Per output, its bags: every output position (offsets has positions + 1
+// entries), or for a host's part of a routed batch the bags it holds ids of.
 struct Batch {
   std::vector<OutputBatch> outputs;  // one per OutputSpec
   bool training = true;
+  int64_t sequence = 0;  // a routed batch's number (engine/routing.h), else 0
 };
 
 // One replica's share of a training step: the batch its Recv produced and
-// the gradients its Send handed in (one per output, shaped like Recv's).
+// the gradients its Send handed in: grads[o] holds one row of dim floats per
+// bag of output o, in tensors the part keeps alive.
 struct StepPart {
   Batch batch;
   std::vector<::tensorflow::Tensor> gradients;
+  std::vector<const float*> grads;
 };
 
 }  // namespace tf_tpu_emb

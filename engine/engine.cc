@@ -508,6 +508,7 @@ absl::Status Engine::Init(const std::string& config_bytes, int host_id) {
   }
   num_replicas_ = std::max(1, config_.num_tensor_cores());
   host_sharded_ = host_id >= 0;
+  const bool routing_only = host_id == kRoutingOnly;
   if (host_sharded_) {
     if (config_.num_hosts() < 1 || host_id >= config_.num_hosts()) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -547,12 +548,10 @@ absl::Status Engine::Init(const std::string& config_bytes, int host_id) {
     CollectDynamicTags(p, *spec, &tags);
     Table& table = tables_[t];
     table.name = desc.name();
-    // The rows this host holds: its shard of the table (all of it on one host).
-    absl::StatusOr<int64_t> rows = NumIdsInShard(desc.vocabulary_size(), host_id_, num_hosts_);
-    if (!rows.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(label, ": ", rows.status().message()));
-    }
-    table.vocabulary_size = *rows;
+    // The rows this host holds: its shard of the table (all of it on one
+    // host; none on host k >= vocabulary_size, as in TF's own layout).
+    table.vocabulary_size =
+        host_sharded_ ? HostLayout(config_, t).Rows(host_id_) : desc.vocabulary_size();
     table.dimension = desc.dimension();
     table.params = p;
     table.optimizer = spec;
@@ -590,6 +589,14 @@ absl::Status Engine::Init(const std::string& config_bytes, int host_id) {
     outputs_.push_back(std::move(out));
   }
 
+  queues_.resize(num_replicas_);
+  in_flight_.resize(num_replicas_);
+  in_flight_state_.assign(num_replicas_, kNoBatch);
+  parts_.resize(num_replicas_);
+  step_errors_.resize(num_replicas_);
+  num_dynamic_ = tags.size();
+  pipelined_ = config_.pipeline_execution_with_tensor_core();
+  if (routing_only) return absl::OkStatus();
   std::vector<int64_t> rows;
   for (const Table& table : tables_) rows.push_back(table.vocabulary_size);
   TF_RETURN_IF_ERROR(ReserveMemory(rows));
@@ -609,13 +616,6 @@ absl::Status Engine::Init(const std::string& config_bytes, int host_id) {
     if (table.update.non_lazy) table.touched.assign(table.vocabulary_size, 0);
   }
   CommitReservation();
-  queues_.resize(num_replicas_);
-  in_flight_.resize(num_replicas_);
-  in_flight_state_.assign(num_replicas_, kNoBatch);
-  parts_.resize(num_replicas_);
-  step_errors_.resize(num_replicas_);
-  num_dynamic_ = tags.size();
-  pipelined_ = config_.pipeline_execution_with_tensor_core();
   absl::StatusOr<double> timeout = StepBarrier<Batch>::TimeoutFromEnvironment();
   if (!timeout.ok()) return timeout.status();
   step_barrier_.set_timeout_seconds(*timeout);

@@ -53,7 +53,11 @@ class Engine : public ::tensorflow::ResourceBase {
   // `host_id` < 0: one host holding every table whole (TF's core
   // ConfigureTPUEmbedding, whatever the config's num_hosts says); else host
   // `host_id` of the config's num_hosts, holding only that shard of every
-  // table and slot (ConfigureTPUEmbeddingHostShard).
+  // table and slot (ConfigureTPUEmbeddingHostShard); kRoutingOnly: the
+  // worker's view of a sharded model (engine/routing.h) -- the validated,
+  // completed config, its outputs and tables (whole vocabularies) and the
+  // input mappers' checks, but no table storage.
+  static constexpr int kRoutingOnly = -2;
   static absl::Status Create(const std::string& config_bytes, EnginePtr* engine,
                              int host_id = -1);
 
@@ -116,11 +120,9 @@ class Engine : public ::tensorflow::ResourceBase {
   const std::vector<OutputSpec>& outputs() const { return outputs_; }
   Table& table(int t) { return tables_[t]; }
   const Table& table(int t) const { return tables_[t]; }
-  // The config's sharding_strategy is MOD (else DIV_DEFAULT): Load/Retrieve's
-  // shard row mapping (CopyShard).
-  bool mod_sharding() const {
-    return config_.sharding_strategy() == TPUEmbeddingConfiguration::MOD;
-  }
+  // The config's sharding_strategy: Load/Retrieve's shard row mapping
+  // (CopyShard) and the hosts' row layout (core/sharding.h).
+  ShardingStrategy sharding() const { return ShardingOf(config_); }
   // Host sharding: this engine holds shard host_id() of num_hosts() of every
   // table (num_hosts() == 1, host_id() == 0 for an engine holding them whole).
   int num_hosts() const { return num_hosts_; }
@@ -186,6 +188,25 @@ class Engine : public ::tensorflow::ResourceBase {
   absl::Status Submit(int replica, std::vector<::tensorflow::Tensor> gradients,
                       const std::vector<float>& dynamic_inputs,
                       ::tsl::thread::ThreadPool* pool);
+  // The same with the gradient rows of output o at grads[o] (bags x dim
+  // floats of the in-flight batch), inside the tensors `keep`.  With
+  // `async` (a host's routed Send, engine/routing.h) the update the last Send
+  // of a step completes runs on its own thread (its loops on `pool`) after
+  // Submit returns, so that the
+  // worker routes the next batch meanwhile: every Recv waits for it (as for
+  // an inline update), Load/Retrieve wait for it (WaitForApply), and an error
+  // it raises aborts the next Recv of every replica.
+  absl::Status Submit(int replica, std::vector<::tensorflow::Tensor> keep,
+                      std::vector<const float*> grads, const std::vector<float>& dynamic_inputs,
+                      ::tsl::thread::ThreadPool* pool, bool async = false);
+  // Blocks until no step update is running (Load/Retrieve: tables as of
+  // every Send that returned).
+  void WaitForApply();
+  // What replica's in-flight training batch needs from a Send: per output
+  // the floats of its gradient (bags x dim) and the batch's sequence
+  // (routed batches); FailedPrecondition, as Submit, when there is none.
+  absl::Status InFlightGradientFloats(int replica, std::vector<int64_t>* floats,
+                                      int64_t* sequence);
   // Fails the current step for every replica (a replica's Send was invalid):
   // parts already handed in are dropped and waiting Recvs get the error.
   void AbortStep(const std::string& reason);
@@ -232,6 +253,7 @@ class Engine : public ::tensorflow::ResourceBase {
   bool applying_ = false;
   std::vector<std::string> step_errors_;   // per replica, from AbortStep
   StepBarrier<Batch> step_barrier_{&queue_mu_};  // Recvs waiting, under queue_mu_
+  std::condition_variable applied_cv_;  // applying_ became false (queue_mu_)
   int num_dynamic_ = 0;
   int table_without_learning_rate_ = -1;
   bool check_numerics_ = false;

@@ -109,7 +109,7 @@ void Engine::Lookup(const Batch& batch, const std::vector<float*>& out,
   std::vector<int64_t> starts(num_outputs + 1, 0);
   int64_t total_ids = 0, total_dims = 0;
   for (int o = 0; o < num_outputs; ++o) {
-    starts[o + 1] = starts[o] + outputs_[o].positions;
+    starts[o + 1] = starts[o] + (batch.outputs[o].offsets.size() - 1);  // Batch's bags
     total_ids += batch.outputs[o].ids.size();
     total_dims += tables_[outputs_[o].table].dimension;
   }

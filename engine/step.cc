@@ -17,6 +17,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/engine.h"
+#include "engine/exceptions.h"
+#include "tsl/platform/threadpool.h"  // every TF 2.16-2.21 ships this path
 
 namespace tf_tpu_emb {
 
@@ -107,9 +109,52 @@ void Engine::SetInFlight(int replica, Batch batch) {
 
 // ------------------------------------------------------------ training step
 
+namespace {
+
+absl::Status NotInFlight(int replica, bool inference) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "SendTPUEmbeddingGradients: replica ", replica,
+      inference ? " received an inference-mode batch; gradients can only be sent for a "
+                  "batch enqueued in training mode"
+                : " has no batch to send gradients for: run RecvTPUEmbeddingActivations "
+                  "first, and send once per Recv"));
+}
+
+}  // namespace
+
+absl::Status Engine::InFlightGradientFloats(int replica, std::vector<int64_t>* floats,
+                                            int64_t* sequence) {
+  std::lock_guard<std::mutex> lock(queue_mu_);
+  if (in_flight_state_[replica] != kTraining) {
+    return NotInFlight(replica, in_flight_state_[replica] == kInference);
+  }
+  const Batch& batch = in_flight_[replica];
+  floats->clear();
+  for (size_t o = 0; o < batch.outputs.size(); ++o) {
+    floats->push_back(static_cast<int64_t>(batch.outputs[o].offsets.size() - 1) *
+                      tables_[outputs_[o].table].dimension);
+  }
+  *sequence = batch.sequence;
+  return absl::OkStatus();
+}
+
 absl::Status Engine::Submit(int replica, std::vector<::tensorflow::Tensor> gradients,
                             const std::vector<float>& dynamic_inputs,
                             ::tsl::thread::ThreadPool* pool) {
+  std::vector<const float*> grads;
+  for (const auto& g : gradients) grads.push_back(g.flat<float>().data());
+  return Submit(replica, std::move(gradients), std::move(grads), dynamic_inputs, pool);
+}
+
+void Engine::WaitForApply() {
+  std::unique_lock<std::mutex> lock(queue_mu_);
+  applied_cv_.wait(lock, [this] { return !applying_; });
+}
+
+absl::Status Engine::Submit(int replica, std::vector<::tensorflow::Tensor> keep,
+                            std::vector<const float*> grads,
+                            const std::vector<float>& dynamic_inputs,
+                            ::tsl::thread::ThreadPool* pool, bool async) {
   // Allocated before anything changes: an allocation failure leaves the
   // engine as it was.
   std::vector<std::unique_ptr<StepPart>> parts, fresh(num_replicas_);
@@ -117,16 +162,11 @@ absl::Status Engine::Submit(int replica, std::vector<::tensorflow::Tensor> gradi
   {
     std::unique_lock<std::mutex> lock(queue_mu_);
     if (in_flight_state_[replica] != kTraining) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "SendTPUEmbeddingGradients: replica ", replica,
-          in_flight_state_[replica] == kInference
-              ? " received an inference-mode batch; gradients can only be sent for a "
-                "batch enqueued in training mode"
-              : " has no batch to send gradients for: run RecvTPUEmbeddingActivations "
-                "first, and send once per Recv"));
+      return NotInFlight(replica, in_flight_state_[replica] == kInference);
     }
     part->batch = std::move(in_flight_[replica]);
-    part->gradients = std::move(gradients);
+    part->gradients = std::move(keep);
+    part->grads = std::move(grads);
     in_flight_state_[replica] = kNoBatch;
     parts_[replica] = std::move(part);
     if (++submitted_ < num_replicas_) return absl::OkStatus();
@@ -140,8 +180,28 @@ absl::Status Engine::Submit(int replica, std::vector<::tensorflow::Tensor> gradi
       std::lock_guard<std::mutex> lock(queue_mu_);
       applying_ = false;
     }
+    applied_cv_.notify_all();
     ReleaseWaiters(0, num_replicas_);
   };
+  if (async && pool != nullptr) {
+    Ref();  // the update outlives the kernel; the engine lives until it ends
+    auto shared = std::make_shared<std::vector<std::unique_ptr<StepPart>>>(std::move(parts));
+    // Its own thread, not one of `pool`'s: the update's parallel loops wait
+    // for `pool`'s threads, and a pool thread waiting there could deadlock.
+    std::thread([this, shared, rates = dynamic_inputs, pool, applied] {
+      const absl::Status status = CatchExceptions("the step's update", [&] {
+        std::unique_lock<std::shared_mutex> tables(tables_mu_);
+        ApplyStep(*shared, rates, pool);
+      });
+      if (!status.ok()) {  // the next Recv of every replica reports it
+        std::lock_guard<std::mutex> lock(queue_mu_);
+        for (auto& error : step_errors_) error = std::string(status.message());
+      }
+      applied();
+      Unref();
+    }).detach();
+    return absl::OkStatus();
+  }
   try {
     std::unique_lock<std::shared_mutex> tables(tables_mu_);
     ApplyStep(parts, dynamic_inputs, pool);

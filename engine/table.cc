@@ -111,7 +111,7 @@ UpdateSettings ReadUpdateSettings(const OptimizationParameters& p, const Optimiz
   return s;
 }
 
-void CopyShard(const Table& table, bool mod_sharding, int num_shards, int shard_id,
+void CopyShard(const Table& table, ShardingStrategy strategy, int num_shards, int shard_id,
                int64_t rows, FloatBuffer* state, float* shard, bool to_state) {
   const int dim = table.dimension;
   // `n` consecutive table rows from table row `global` <-> shard row `r`.
@@ -130,13 +130,12 @@ void CopyShard(const Table& table, bool mod_sharding, int num_shards, int shard_
       for (int64_t i = 0; i < n * dim; ++i) f[i] = ToFloat(base[i]);
     }
   };
-  if (!mod_sharding || num_shards == 1) {
-    copy(GlobalRowOfShardRow(false, table.vocabulary_size, shard_id, num_shards, 0), 0, rows);
+  const ShardLayout layout{table.vocabulary_size, num_shards, strategy};
+  if (strategy == ShardingStrategy::kDivDefault || num_shards == 1) {
+    copy(layout.Global(shard_id, 0), 0, rows);
     return;
   }
-  for (int64_t r = 0; r < rows; ++r) {
-    copy(GlobalRowOfShardRow(true, table.vocabulary_size, shard_id, num_shards, r), r, 1);
-  }
+  for (int64_t r = 0; r < rows; ++r) copy(layout.Global(shard_id, r), r, 1);
 }
 
 }  // namespace tf_tpu_emb

@@ -93,8 +93,8 @@ absl::Status ReadStorageFromEnvironment(std::vector<Table>* tables);
 // tensor's data `shard` ([rows, dim], float32) and the state variable `state`
 // of `table` ([vocab, dim]): into the table when `to_state` (rounded to
 // nearest even for bfloat16 storage), else out of it (widened, exact).
-// `mod_sharding`: the config's sharding_strategy is MOD (else DIV_DEFAULT).
-void CopyShard(const Table& table, bool mod_sharding, int num_shards, int shard_id,
+// `strategy`: the config's sharding_strategy (core/sharding.h).
+void CopyShard(const Table& table, ShardingStrategy strategy, int num_shards, int shard_id,
                int64_t rows, FloatBuffer* state, float* shard, bool to_state);
 
 }  // namespace tf_tpu_emb

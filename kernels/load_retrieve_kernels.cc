@@ -100,9 +100,10 @@ class LoadTableOp : public TableOpBase {
                       " ", ctx->input(i).shape().DebugString(), " should be ",
                       expected.DebugString(), " (shard ", shard_id_, " of ", num_shards_, ")")));
     }
+    engine.WaitForApply();  // a routed Send's update may still run
     std::unique_lock<std::shared_mutex> lock(engine.tables_mutex());
     for (int i = 0; i < ctx->num_inputs(); ++i) {
-      CopyShard(table, engine.mod_sharding(), shard.local_shards, shard.local_shard_id,
+      CopyShard(table, engine.sharding(), shard.local_shards, shard.local_shard_id,
                 shard.rows, table.state[i].get(),
                 const_cast<float*>(ctx->input(i).flat<float>().data()), /*to_state=*/true);
     }
@@ -116,12 +117,13 @@ class RetrieveTableOp : public TableOpBase {
  protected:
   void Transfer(OpKernelContext* ctx, Engine& engine, Table& table,
                 const Shard& shard) override {
+    engine.WaitForApply();  // a routed Send's update may still run
     std::shared_lock<std::shared_mutex> lock(engine.tables_mutex());
     for (int i = 0; i < ctx->num_outputs(); ++i) {
       Tensor* out;
       OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({shard.rows, table.dimension}),
                                                &out));
-      CopyShard(table, engine.mod_sharding(), shard.local_shards, shard.local_shard_id,
+      CopyShard(table, engine.sharding(), shard.local_shards, shard.local_shard_id,
                 shard.rows, table.state[i].get(), out->flat<float>().data(),
                 /*to_state=*/false);
     }
@@ -204,12 +206,13 @@ class LoadAllOp : public AllTablesOpBase {
                              : std::string("empty"))));
       }
     }
+    engine->WaitForApply();  // a routed Send's update may still run
     std::unique_lock<std::shared_mutex> lock(engine->tables_mutex());
     for (int t = 0; t < engine->num_tables(); ++t) {
       Table& table = engine->table(t);
       for (int i = 0; i < static_cast<int>(table.state_names.size()); ++i) {
         if (IsAccumulator(table, i)) continue;
-        CopyShard(table, engine->mod_sharding(), shards[t].local_shards,
+        CopyShard(table, engine->sharding(), shards[t].local_shards,
                   shards[t].local_shard_id, shards[t].rows, table.state[i].get(),
                   const_cast<float*>(groups[i][t].flat<float>().data()), true);
       }
@@ -224,6 +227,7 @@ class RetrieveAllOp : public AllTablesOpBase {
  protected:
   void Transfer(OpKernelContext* ctx, Engine& e, const std::vector<Shard>& shards) override {
     Engine* engine = &e;
+    engine->WaitForApply();  // a routed Send's update may still run
     std::shared_lock<std::shared_mutex> lock(engine->tables_mutex());
     for (int i = 0; i < kMaxStateVariables; ++i) {
       OpOutputList group;
@@ -239,7 +243,7 @@ class RetrieveAllOp : public AllTablesOpBase {
         if (IsAccumulator(table, i)) {
           out->flat<float>().setConstant(GradientAccumulatorInitialValue());
         } else {
-          CopyShard(table, engine->mod_sharding(), shards[t].local_shards,
+          CopyShard(table, engine->sharding(), shards[t].local_shards,
                     shards[t].local_shard_id, shards[t].rows, table.state[i].get(),
                     out->flat<float>().data(), false);
         }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/routing.h"
 #include "kernels/registration.h"
 #include "tensorflow/cc/framework/grad_op_registry.h"
 #include "tensorflow/cc/framework/gradients.h"
@@ -159,6 +160,17 @@ class LeasedEngineOp : public OpKernel {
   }
 };
 
+class ShutdownRouterOp : public OpKernel {
+ public:
+  explicit ShutdownRouterOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("router", &router_));
+  }
+  void Compute(OpKernelContext* ctx) override { Router::Drop(router_); }
+
+ private:
+  std::string router_;
+};
+
 bool RegisterKernels() {
   RegisterCpuKernel<RenewLeaseOp>("RenewTPUEmbeddingLease", /*core=*/false);
   RegisterCpuKernel<LeasedEngineOp>("LeasedTPUEmbeddingEngine", /*core=*/false);
@@ -168,6 +180,7 @@ bool RegisterKernels() {
   RegisterCpuKernel<ConfigureOp>("ConfigureTPUEmbeddingHostShard", /*core=*/false);
   RegisterCpuKernel<IsInitializedOp>("IsTPUEmbeddingInitialized");
   RegisterCpuKernel<ShutdownOp>("ShutdownTPUEmbedding", /*core=*/false);
+  RegisterCpuKernel<ShutdownRouterOp>("ShutdownTPUEmbeddingRouter", /*core=*/false);
   RegisterActivationsGradient();
   return true;
 }

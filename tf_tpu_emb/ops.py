@@ -44,12 +44,20 @@ CORE_OP_NAMES = (
 ) + tuple(n for o, n in zip(OPTIMIZERS, _table_op_names("Load")) if o.core_has_table_ops) \
   + tuple(n for o, n in zip(OPTIMIZERS, _table_op_names("Retrieve")) if o.core_has_table_ops)
 
-#: Ops that exist only in this library: the engine shutdown, and per-table
-#: Load/Retrieve ops for optimizers TF moves only with the *All* ops.
+#: The sharded data path's ops (engine/routing.h): the worker's Route /
+#: Combine / Split and router shutdown, the hosts' routed Enqueue / Recv / Send.
+SHARDED_OP_NAMES = ("RouteTPUEmbeddingArbitraryTensorBatch",
+                    "CombineTPUEmbeddingRoutedActivations", "SplitTPUEmbeddingRoutedGradients",
+                    "ShutdownTPUEmbeddingRouter", "EnqueueTPUEmbeddingRoutedBatch",
+                    "RecvTPUEmbeddingRoutedActivations", "SendTPUEmbeddingRoutedGradients")
+
+#: Ops that exist only in this library: the engine shutdown, host sharding,
+#: the embedding bag, and per-table Load/Retrieve ops for optimizers TF
+#: moves only with the *All* ops.
 EXTRA_OP_NAMES = ("ShutdownTPUEmbedding", "ConfigureTPUEmbeddingHostShard", "EmbeddingBag",
                   "EmbeddingBagGrad", "AssertTPUEmbeddingEnqueued", "RetrieveTPUEmbeddingStepCount",
                   "LoadTPUEmbeddingStepCount", "RenewTPUEmbeddingLease",
-                  "LeasedTPUEmbeddingEngine", "ClaimTPUEmbeddingHost") + tuple(
+                  "LeasedTPUEmbeddingEngine", "ClaimTPUEmbeddingHost") + SHARDED_OP_NAMES + tuple(
     n for o, n in zip(OPTIMIZERS * 2, _table_op_names("Load") + _table_op_names("Retrieve"))
     if not o.core_has_table_ops)
 
@@ -265,6 +273,74 @@ def assert_tpu_embedding_enqueued(operation="RecvTPUEmbeddingActivations", engin
     that no ``enqueue()`` of its step precedes runs first, instead of
     waiting for a batch that never comes."""
     return _gen("AssertTPUEmbeddingEnqueued")(operation=operation, engine=engine, name=name)
+
+
+# ---------------------------------------------------------- sharded data path
+
+def route_tpu_embedding_arbitrary_tensor_batch(
+        sample_indices_or_row_splits, embedding_indices, aggregation_weights, mode_override,
+        *, num_hosts, device_ordinal, config, router, combiners=None, form="auto", name=None):
+    """On the worker: one replica's ArbitraryTensorBatch inputs checked and
+    split over the config's ``num_hosts`` embedding hosts.  Returns
+    ``(host_batches, host_floats, sequence)``: one packed uint8 batch per host
+    (for its :func:`enqueue_tpu_embedding_routed_batch`), per host the floats
+    its Recv will return (before the two carrying the sequence), and the
+    batch's sequence number (it travels with the batch, the hosts' Recv
+    outputs and the gradients).  The routed batch waits in the worker's router
+    ``router`` (replica ``device_ordinal``) for
+    :func:`combine_tpu_embedding_routed_activations`.  ``form``: "auto" (per
+    output and step, whichever of "bags" and "rows" moves fewer bytes), one
+    of them, or "host_filter" (every host gets the whole batch)."""
+    out = _gen("RouteTPUEmbeddingArbitraryTensorBatch")(
+        sample_indices_or_row_splits=sample_indices_or_row_splits,
+        embedding_indices=embedding_indices, aggregation_weights=aggregation_weights,
+        mode_override=mode_override, num_hosts=num_hosts, device_ordinal=device_ordinal,
+        combiners=list(combiners or []), config=config, router=router,
+        form=form, name=name)
+    return list(out[0]), out[1], out[2]
+
+
+def combine_tpu_embedding_routed_activations(host_activations, *, num_outputs, device_ordinal,
+                                             config, router, name=None):
+    """On the worker: the replica's activations (Recv's outputs) from every
+    host's :func:`recv_tpu_embedding_routed_activations` output."""
+    return _gen("CombineTPUEmbeddingRoutedActivations")(
+        host_activations=host_activations, num_outputs=num_outputs,
+        device_ordinal=device_ordinal, config=config, router=router, name=name)
+
+
+def split_tpu_embedding_routed_gradients(inputs, learning_rates, *, num_hosts, device_ordinal,
+                                         config, router, name=None):
+    """On the worker: the replica's activation gradients (Recv's shapes) and
+    dynamic learning rates as one vector per host, for its
+    :func:`send_tpu_embedding_routed_gradients`."""
+    return _gen("SplitTPUEmbeddingRoutedGradients")(
+        inputs=inputs, learning_rates=list(learning_rates or []), num_hosts=num_hosts,
+        device_ordinal=device_ordinal, config=config, router=router, name=name)
+
+
+def shutdown_tpu_embedding_router(router, name=None):
+    """Forgets the worker's router ``router`` (its queued batches too)."""
+    return _gen("ShutdownTPUEmbeddingRouter")(router=router, name=name)
+
+
+def enqueue_tpu_embedding_routed_batch(batch, device_ordinal=-1, engine="", name=None):
+    """On a host: its packed part of a routed batch, queued for the replica."""
+    return _gen("EnqueueTPUEmbeddingRoutedBatch")(batch=batch, device_ordinal=device_ordinal,
+                                                  engine=engine, name=name)
+
+
+def recv_tpu_embedding_routed_activations(engine="", name=None):
+    """On a host: its part of the replica's activations (one float vector)."""
+    return _gen("RecvTPUEmbeddingRoutedActivations")(engine=engine, name=name)
+
+
+def send_tpu_embedding_routed_gradients(gradients, background=True, engine="", name=None):
+    """On a host: its gradients (one float vector from the worker's Split).
+    ``background``: the step's update runs after the op returns (the next
+    Recv and Load/Retrieve wait for it); False: within the op."""
+    return _gen("SendTPUEmbeddingRoutedGradients")(gradients=gradients, background=background,
+                                                   engine=engine, name=name)
 
 
 # ------------------------------------------------------- fused embedding bag

@@ -1,19 +1,20 @@
-"""benchmarks/bench_cluster.py: its --quick run on 1 and 2 loopback hosts
-completes with activations equal to the local engine's, and its bytes-per-host
-figure adds up: over the hosts, the routed ids (int64) and weights (float32)
-are every id of the batch once, each host gets the row splits (one row per
-output position) of every feature, and the activations / gradients are the
-full batch per host."""
+"""benchmarks/bench_cluster.py: its --quick run on 1 and 2 loopback hosts,
+with the ParameterServerStrategy side, completes with activations equal to
+the local engine's and prints every figure; and its bytes per host are what
+the routing moves: the automatic form never moves more than either fixed
+form, and a host's share shrinks as hosts are added."""
 import importlib.util
 import os
 
+import numpy as np
 import pytest
 
 import harness
 
-pytestmark = pytest.mark.system  # child processes, servers or compilers
+pytestmark = pytest.mark.system  # child processes, servers
 
 BENCH = os.path.join(harness.ROOT, "benchmarks", "bench_cluster.py")
+BREAKDOWN = os.path.join(harness.ROOT, "benchmarks", "cluster_breakdown.py")
 
 
 def _bench_module():
@@ -24,23 +25,46 @@ def _bench_module():
 
 
 def test_quick_run_matches_the_local_engine():
-    result = harness.run_python([BENCH, "--quick"], timeout=300)
+    result = harness.run_python([BENCH, "--quick", "--rounds", "1", "--blocks", "1", "--pss"],
+                                timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "MISMATCH" not in result.stdout
     lines = result.stdout.splitlines()
     for side in ("local", "1 host", "2 hosts"):
-        assert any(line.startswith(side + " ") for line in lines), result.stdout
+        rows = [line for line in lines if line.startswith(side + " ")]
+        assert len(rows) == 2, result.stdout  # 1 and 10 steps per call
+        if side != "local":
+            assert all(row.split()[-1].endswith("x") for row in rows), rows  # ours/PSS
 
 
-def test_bytes_per_host_add_up_to_the_batch():
+def test_breakdown_quick_run_prints_every_component():
+    """benchmarks/cluster_breakdown.py (the step's time, part by part) runs."""
+    result = harness.run_python([BREAKDOWN, "--quick", "--rounds", "1"], timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    table = result.stdout.split("medians over", 1)[1].splitlines()
+    header = table[1].split()
+    for column in ("local", "step", "step10", "worker_ops", "kernels_max", "transfer", "rtt",
+                   "mb_to", "mb_from"):
+        assert column in header, table
+    rows = [line.split() for line in table[2:] if line.strip()]
+    assert [row[0] for row in rows] == ["1", "2"], table
+    assert all(len(row) == len(header) and row[-1].endswith("x") for row in rows), table
+
+
+def test_bytes_per_host_auto_form_and_host_count(lib):
+    del lib
     bench = _bench_module()
-    args = bench.parse_args(["--quick", "--tables", "3", "--batch", "16", "--hot", "4"])
-    _, features, _ = bench.workload(args)
-    activations = args.tables * args.batch * args.dim * 4
-    for hosts in (1, 2, 3):
-        moved = bench.bytes_per_host(args, features, hosts)
+    args = bench.parse_args(["--quick", "--tables", "3", "--batch", "64", "--hot", "1"])
+    tables, features, _ = bench.workload(args)
+    emb = bench.make_embedding(args, tables)
+    config = emb._config  # pylint: disable=protected-access
+    emb.shutdown()
+    mean = {}
+    for hosts in (1, 2, 4):
+        total = {form: sum(a + b for a, b in bench.bytes_per_host(config, features, hosts, form))
+                 for form in ("auto", "bags", "rows")}
+        assert total["auto"] <= min(total["bags"], total["rows"]), (hosts, total)
+        moved = bench.bytes_per_host(config, features, hosts)
         assert len(moved) == hosts
-        assert all(back == activations for _, back in moved)
-        splits = args.tables * (args.batch + 1) * 8  # int64 row splits, one row a position
-        routed = sum(to - activations - splits for to, _ in moved)
-        assert routed == args.tables * args.batch * args.hot * (8 + 4)
+        mean[hosts] = np.mean([a + b for a, b in moved])
+    assert mean[1] > mean[2] > mean[4], mean

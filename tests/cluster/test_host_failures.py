@@ -74,7 +74,7 @@ class Trainer:
                 ops.shutdown_tpu_embedding()
                 ops.configure_tpu_embedding(CONFIGS[k])
                 tf.raw_ops.LoadTPUEmbeddingStochasticGradientDescentParameters(
-                    parameters=ckpt.shard_rows(full, S, k, True), table_name="t",
+                    parameters=ckpt.shard_rows(full, S, k, ckpt.Sharding.MOD), table_name="t",
                     num_shards=1, shard_id=0)
         self._step = self._build_step()
 
@@ -106,7 +106,7 @@ class Trainer:
             with tf.device(self.hosts.device(k)):
                 shards.append(tf.raw_ops.RetrieveTPUEmbeddingStochasticGradientDescentParameters(
                     table_name="t", num_shards=1, shard_id=0).numpy())
-        return ckpt.assemble(shards, True)
+        return ckpt.assemble(shards, ckpt.Sharding.MOD)
 
 
 @pytest.fixture(scope="module")

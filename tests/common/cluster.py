@@ -23,7 +23,7 @@ import threading
 import time
 
 import harness
-from tf_tpu_emb.cluster.local import STOP_TIMEOUT_S, free_port  # noqa: F401 (re-exported)
+from tf_tpu_emb.cluster.local import STOP_TIMEOUT_S, free_port, free_ports  # noqa: F401 (re-exported)
 from tf_tpu_emb.server import READY_PREFIX
 
 START_TIMEOUT_S = 120  # TensorFlow's import on two busy cores
@@ -93,7 +93,7 @@ class LoopbackCluster:
         self.replicas_per_host = replicas_per_host
         self.lifetime_s = lifetime_s
         self.load_library = list(load_library)
-        self.addresses = ["127.0.0.1:%d" % free_port() for _ in range(num_hosts)]
+        self.addresses = ["127.0.0.1:%d" % p for p in free_ports(num_hosts)]
         self._hosts = [None] * num_hosts
         self.ready_lines = [None] * num_hosts
         import tensorflow as tf

@@ -189,20 +189,23 @@ def optimizer_of(table_desc):
     return table_desc.optimization_parameters.WhichOneof("parameters")
 
 
-def _table_op(kind, optimizer):
-    """(callable, uses_raw_ops) for Load/Retrieve of `optimizer`: TF's core op
-    via tf.raw_ops where TF has one, our prefixed wrapper otherwise."""
+def _table_op(kind, optimizer, engine=""):
+    """(callable, optimizer info) for Load/Retrieve of `optimizer`: TF's core op
+    via tf.raw_ops where TF has one (the default engine), our prefixed
+    wrapper otherwise."""
     info = BY_PROTO_FIELD[optimizer]
     bare = "%sTPUEmbedding%sParameters" % (kind, info.op_infix)
-    if info.core_has_table_ops:
+    if info.core_has_table_ops and not engine:
         return getattr(tf.raw_ops, bare), info
-    return getattr(tte_ops, tte_ops._snake(bare)), info
+    op = getattr(tte_ops, tte_ops._snake(bare))
+    return (lambda **kwargs: op(engine=engine, **kwargs)), info
 
 
-def load_table(table_desc, state, *, table_id=None, num_shards=1, shard_id=0):
+def load_table(table_desc, state, *, table_id=None, num_shards=1, shard_id=0, engine=""):
     """Loads `state` ([parameters, slot...], each [rows_in_shard, dim]) into the
-    table described by `table_desc` (by name unless table_id is given)."""
-    op, info = _table_op("Load", optimizer_of(table_desc))
+    table described by `table_desc` (by name unless table_id is given), of
+    the engine called `engine` ("" = the default engine)."""
+    op, info = _table_op("Load", optimizer_of(table_desc), engine)
     names = ("parameters",) + info.slots
     assert len(state) == len(names), (names, len(state))
     kwargs = dict(zip(names, [np.asarray(s, np.float32) for s in state]))
@@ -213,8 +216,8 @@ def load_table(table_desc, state, *, table_id=None, num_shards=1, shard_id=0):
     op(num_shards=num_shards, shard_id=shard_id, **kwargs)
 
 
-def retrieve_table(table_desc, *, table_id=None, num_shards=1, shard_id=0):
-    op, _ = _table_op("Retrieve", optimizer_of(table_desc))
+def retrieve_table(table_desc, *, table_id=None, num_shards=1, shard_id=0, engine=""):
+    op, _ = _table_op("Retrieve", optimizer_of(table_desc), engine)
     kwargs = {"table_name": table_desc.name} if table_id is None else {"table_id": table_id}
     outs = op(num_shards=num_shards, shard_id=shard_id, **kwargs)
     if isinstance(outs, tf.Tensor):

@@ -98,20 +98,67 @@ TEST(CheckedArithmeticAndBoundedProduct) {
 TEST(ShardRowMapping) {
   const int64_t want_rows[] = {3, 3, 3, 2, 2};
   const int64_t want_first[] = {0, 3, 6, 9, 11};
+  const ShardLayout div{13, 5, ShardingStrategy::kDivDefault};
+  const ShardLayout mod{13, 5, ShardingStrategy::kMod};
   for (int s = 0; s < 5; ++s) {
     absl::StatusOr<int64_t> rows = NumIdsInShard(13, s, 5);
     ASSERT_OK(rows.status());
     EXPECT_EQ(*rows, want_rows[s]);
-    EXPECT_EQ(GlobalRowOfShardRow(false, 13, s, 5, 0), want_first[s]);
+    EXPECT_EQ(div.Rows(s), want_rows[s]);
+    EXPECT_EQ(div.Global(s, 0), want_first[s]);
     for (int64_t r = 0; r < *rows; ++r) {
-      EXPECT_EQ(GlobalRowOfShardRow(true, 13, s, 5, r) % 5, s);
+      EXPECT_EQ(mod.Global(s, r) % 5, s);
     }
   }
-  EXPECT_EQ(GlobalRowOfShardRow(false, 13, 3, 5, 1), 10);
-  EXPECT_EQ(GlobalRowOfShardRow(true, 13, 2, 5, 1), 7);
+  EXPECT_EQ(div.Global(3, 1), 10);
+  EXPECT_EQ(mod.Global(2, 1), 7);
   EXPECT_ERROR(NumIdsInShard(13, 0, 0).status(), Code::kInvalidArgument, "must be > 0");
   EXPECT_ERROR(NumIdsInShard(13, 5, 5).status(), Code::kInvalidArgument, "shard_id");
+  // TF's table shard shapes refuse an empty shard; a host's layout has one.
   EXPECT_ERROR(NumIdsInShard(2, 2, 3).status(), Code::kInvalidArgument, "is empty");
+  EXPECT_EQ((ShardLayout{2, 3, ShardingStrategy::kDivDefault}.Rows(2)), 0);
+}
+
+// Owner/Local invert Global for every id, both strategies, vocabularies
+// below, at and above the shard count and not divisible by it; the
+// router's FastShardLayout (divisions by reciprocal) gives the same.
+TEST(ShardOwnerLocalInvertGlobal) {
+  for (ShardingStrategy strategy : {ShardingStrategy::kDivDefault, ShardingStrategy::kMod}) {
+    for (int64_t vocab : {1, 2, 3, 5, 13, 64, 1000, 100003}) {
+      for (int64_t shards : {1, 2, 3, 4, 5, 7, 8}) {
+        const ShardLayout l{vocab, shards, strategy};
+        const FastShardLayout fast(l);
+        int64_t total = 0;
+        for (int64_t k = 0; k < shards; ++k) {
+          total += l.Rows(k);
+          for (int64_t r = 0; r < l.Rows(k); ++r) {
+            const int64_t id = l.Global(k, r);
+            ASSERT_TRUE(id >= 0 && id < vocab);
+            EXPECT_EQ(l.Owner(id), k);
+            EXPECT_EQ(l.Local(id, k), r);
+            int64_t owner = -1, local = -1;
+            fast.Map(id, &owner, &local);
+            EXPECT_EQ(owner, k);
+            EXPECT_EQ(local, r);
+          }
+        }
+        EXPECT_EQ(total, vocab);
+      }
+    }
+  }
+}
+
+TEST(DividerIsExactAtTheEdges) {
+  for (int64_t d : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{7}, int64_t{100001},
+                    int64_t{1} << 31, (int64_t{1} << 40) + 1}) {
+    const Divider div(d);
+    for (int64_t n : {int64_t{0}, int64_t{1}, d - 1, d, d + 1, 3 * d - 1, 3 * d,
+                      (int64_t{1} << 53) - 1, int64_t{1} << 53, (int64_t{1} << 53) + 1,
+                      (int64_t{1} << 61) + 12345}) {
+      if (n < 0) continue;
+      EXPECT_EQ(div.Div(n), n / d);
+    }
+  }
 }
 
 // §4.2: sum, mean (/ sum w), sqrtn (/ sqrt(sum w^2)); 0 for a zero denominator.

@@ -1,5 +1,6 @@
 // Unit tests of engine/: the StepBarrier, an input mapper, the forward
-// lookup, the backward step and the shard copy, on tiny tables whose
+// lookup, the backward step, the shard copy and the router's split of a
+// batch over host engines (engine/routing.h), on tiny tables whose
 // expected values are computed by hand (docs/tpu_embedding_semantics.md).
 // Linked with the engine's object files of the library build (the same
 // flags; see tests/cpp/build.py), so only this file compiles here.
@@ -16,6 +17,7 @@
 #include "engine/input_mappers.h"
 #include "engine/step_barrier.h"
 #include "engine/table.h"
+#include "engine/routing.h"
 #include "tests/cpp/unit.h"
 
 namespace tf_tpu_emb {
@@ -368,13 +370,13 @@ TEST(CopyShardModAndDiv) {
   FloatBuffer state;
   EXPECT_TRUE(state.Allocate(5, 0.0f).ok());
   float shard[] = {7, 9};
-  CopyShard(t, /*mod_sharding=*/true, 2, 1, 2, &state, shard, /*to_state=*/true);
+  CopyShard(t, ShardingStrategy::kMod, 2, 1, 2, &state, shard, /*to_state=*/true);
   EXPECT_TRUE((std::vector<float>(state.data(), state.data() + 5) ==
                std::vector<float>{0, 7, 0, 9, 0}));
   // DIV_DEFAULT: shard 1 of 2 holds rows 3 and 4.
   float out[2];
   for (int i = 0; i < 5; ++i) state.data()[i] = i;
-  CopyShard(t, /*mod_sharding=*/false, 2, 1, 2, &state, out, /*to_state=*/false);
+  CopyShard(t, ShardingStrategy::kDivDefault, 2, 1, 2, &state, out, /*to_state=*/false);
   EXPECT_NEAR(out[0], 3.0f, 0.0f);
   EXPECT_NEAR(out[1], 4.0f, 0.0f);
 }
@@ -390,13 +392,103 @@ TEST(CopyShardBf16RoundsOnLoad) {
   // 1 + 2^-8 is half-way between 1 and 1 + 2^-7: ties to even (1);
   // 1 + 3 * 2^-8 is half-way between 1 + 2^-7 and 1 + 2^-6: to 1 + 2^-6.
   float shard[] = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, -2.0f, 1.0f + 0x1p-9f};
-  CopyShard(t, false, 1, 0, 2, &state, shard, /*to_state=*/true);
+  CopyShard(t, ShardingStrategy::kDivDefault, 1, 0, 2, &state, shard, /*to_state=*/true);
   float out[4];
-  CopyShard(t, false, 1, 0, 2, &state, out, /*to_state=*/false);
+  CopyShard(t, ShardingStrategy::kDivDefault, 1, 0, 2, &state, out, /*to_state=*/false);
   EXPECT_NEAR(out[0], 1.0f, 0.0f);
   EXPECT_NEAR(out[1], 1.0f + 0x1p-6f, 0.0f);
   EXPECT_NEAR(out[2], -2.0f, 0.0f);
   EXPECT_NEAR(out[3], 1.0f, 0.0f);
+}
+
+// The tiny table over 2 hosts (DIV_DEFAULT: host 0 rows 0-1, host 1 rows 2-3).
+std::string TwoHostConfig() {
+  TPUEmbeddingConfiguration c;
+  c.set_mode(TPUEmbeddingConfiguration::TRAINING);
+  c.set_num_tensor_cores(1);
+  c.set_num_hosts(2);
+  auto* t = c.add_table_descriptor();
+  t->set_name("t");
+  t->set_vocabulary_size(4);
+  t->set_dimension(2);
+  t->mutable_optimization_parameters()->mutable_adagrad();
+  t->mutable_optimization_parameters()->mutable_learning_rate()->set_constant(0.5f);
+  auto* f = c.add_feature_descriptor();
+  f->set_name("f");
+  f->set_table_id(0);
+  f->add_input_shape(3);
+  return c.SerializeAsString();
+}
+
+// Bags [1, 3], [], [2, 2] (weights 1, 2 / - / 3, 1) split over 2 hosts: the
+// bags form gives host 0 bag 0's id 1 and host 1 bags 0 and 2 (local rows
+// 1, then 0, 0); the rows form gives each host its distinct rows.  Each
+// host's mapper rebuilds exactly that; a batch for the other host, or cut
+// short, is refused whole.
+TEST(RouterSplitsABatchAndHostsRebuildTheirParts) {
+  const std::string config = TwoHostConfig();
+  std::shared_ptr<Router> router;
+  ASSERT_OK(Router::Get("unit", config, &router));
+  const Tensor splits = Vec<int64_t>(DT_INT64, {0, 2, 2, 4});
+  const Tensor ids = Vec<int64_t>(DT_INT64, {1, 3, 2, 2});
+  const Tensor weights = Vec<float>(DT_FLOAT, {1, 2, 3, 1});
+  EnqueueInputs in{{&splits}, {&ids}, {&weights}};
+  EnginePtr hosts[2];
+  for (int k = 0; k < 2; ++k) ASSERT_OK(Engine::Create(config, &hosts[k], k));
+  for (RouteChoice choice : {RouteChoice::kBags, RouteChoice::kRows}) {
+    Batch batch;
+    ASSERT_OK(InputMapper::ArbitraryTensorBatch("Route", {Combiner::kMean})
+                  ->Map(router->engine(), in, nullptr, &batch));
+    RoutePlan plan;
+    ASSERT_OK(router->Plan(std::move(batch), choice, nullptr, &plan));
+    std::vector<Tensor> packed;
+    std::vector<char*> out;
+    for (int k = 0; k < 2; ++k) {
+      packed.emplace_back(::tensorflow::DT_UINT8, TensorShape({plan.host_bytes[k]}));
+    }
+    for (int k = 0; k < 2; ++k) {
+      out.push_back(reinterpret_cast<char*>(packed[k].flat<uint8_t>().data()));
+    }
+    ASSERT_OK(router->Pack(plan, out, nullptr));
+    Batch got[2];
+    for (int k = 0; k < 2; ++k) {
+      EnqueueInputs host_in{{}, {&packed[k]}, {}};
+      ASSERT_OK(RoutedBatchMapper("EnqRouted")->Map(*hosts[k], host_in, nullptr, &got[k]));
+      EXPECT_EQ(got[k].sequence, plan.sequence);
+      EXPECT_TRUE(got[k].training);
+    }
+    const OutputBatch& h0 = got[0].outputs[0];
+    const OutputBatch& h1 = got[1].outputs[0];
+    if (choice == RouteChoice::kBags) {
+      EXPECT_TRUE((h0.offsets == std::vector<int64_t>{0, 1}));
+      EXPECT_TRUE((h0.ids == std::vector<int64_t>{1}));
+      EXPECT_TRUE((h0.weights == std::vector<float>{1}));
+      EXPECT_TRUE((h0.bag_scales == std::vector<float>{1.0f / 3}));  // mean over the whole bag
+      EXPECT_TRUE((h1.offsets == std::vector<int64_t>{0, 1, 3}));
+      EXPECT_TRUE((h1.ids == std::vector<int64_t>{1, 0, 0}));
+      EXPECT_TRUE((h1.weights == std::vector<float>{2, 3, 1}));
+      EXPECT_TRUE((h1.bag_scales == std::vector<float>{1.0f / 3, 1.0f / 4}));
+      EXPECT_EQ(plan.host_floats[0], 2);  // one bag of dim 2
+      EXPECT_EQ(plan.host_floats[1], 4);
+    } else {
+      EXPECT_TRUE((h0.ids == std::vector<int64_t>{1}));
+      EXPECT_TRUE((h1.ids == std::vector<int64_t>{1, 0}));  // ids 3 then 2: first use
+      EXPECT_TRUE((h1.offsets == std::vector<int64_t>{0, 1, 2}));
+      EXPECT_TRUE(h1.weights.empty() && h1.bag_scales.empty());
+    }
+    // Host 0's batch on host 1's engine, and a truncated one: refused.
+    EnqueueInputs wrong{{}, {&packed[0]}, {}};
+    Batch refused;
+    EXPECT_ERROR(RoutedBatchMapper("EnqRouted")->Map(*hosts[1], wrong, nullptr, &refused),
+                 Code::kInvalidArgument,
+                 "routed for host 0 of 2 but this engine is host 1 of 2");
+    const Tensor cut = packed[1].Slice(0, plan.host_bytes[1] - 4);
+    EnqueueInputs short_in{{}, {&cut}, {}};
+    EXPECT_ERROR(RoutedBatchMapper("EnqRouted")->Map(*hosts[1], short_in, nullptr, &refused),
+                 Code::kInvalidArgument, "EnqRouted");
+    EXPECT_TRUE(refused.outputs.empty());
+  }
+  Router::Drop("unit");
 }
 
 }  // namespace

@@ -1,25 +1,54 @@
 """Table layouts across host counts: a whole table <-> S host shards.
 
-A checkpoint holds every table (and optimizer slot) whole, in TF's
-TPU-embedding layout, whatever the number of embedding hosts; host k of S
-holds shard k.  The row layout of a shard is TF's (docs/tpu_embedding_semantics.md,
-"Sharding order inside a shard", and the table shard shapes there): shard k has
-``vocab // S + (k < vocab % S)`` rows, and its local row r is global row
+The one Python home of the host-sharding arithmetic (its C++ twin, for the
+data path, is ``core/sharding.h``; ``tests/cluster/test_shard_arithmetic.py``
+checks that the two agree).  A checkpoint holds every table (and optimizer
+slot) whole, in TF's TPU-embedding layout, whatever the number of embedding
+hosts; host k of S holds shard k.  The row layout of a shard is TF's
+(docs/tpu_embedding_semantics.md §2.7, "Sharding order inside a shard"):
+shard k has ``vocab // S + (k < vocab % S)`` rows, and its local row r is
+global row
 
-* DIV_DEFAULT: ``k * (vocab // S) + min(k, vocab % S) + r`` (contiguous ranges);
-* MOD: ``r * S + k`` (ids with ``id % S == k``).
+* :attr:`Sharding.DIV_DEFAULT`: ``k * (vocab // S) + min(k, vocab % S) + r``
+  (contiguous ranges);
+* :attr:`Sharding.MOD`: ``r * S + k`` (ids with ``id % S == k``).
 
-These are the rows ``Load/Retrieve…(num_shards=S, shard_id=k)`` address, so
-``shard_rows(full, S, k, mod)`` is what host k loads and ``assemble`` of what
-the S hosts retrieve is the whole table.  Works on numpy arrays (returns numpy)
-and on TF tensors/variables (returns a tensor, stock ops only); both exact.
+A table with fewer rows than hosts leaves the last hosts' shards empty
+(``[0, dim]``), as TF's own TPU layout does (``tpu_embedding_v2.py`` gives
+host k ``vocab // S + (k < vocab % S)`` rows and creates no variable for an
+empty shard).  These are the rows ``Load/Retrieve…(num_shards=S, shard_id=k)``
+address on host k, so ``shard_rows(full, S, k, sharding)`` is what host k
+loads and ``assemble`` of what the S hosts retrieve is the whole table.
+Works on numpy arrays (returns numpy) and on TF tensors/variables (returns a
+tensor, stock ops only); both exact.
 """
+import enum
+
 import numpy as np
 
 
+class Sharding(enum.IntEnum):
+    """``TPUEmbeddingConfiguration.ShardingStrategy`` (the proto's values)."""
+    DIV_DEFAULT = 0
+    MOD = 1
+
+
+def sharding_of(value):
+    """`value` (a :class:`Sharding`, its proto number or its name) as a
+    :class:`Sharding`; ValueError naming the accepted values otherwise."""
+    if isinstance(value, str):
+        if value in Sharding.__members__:
+            return Sharding[value]
+    elif isinstance(value, (int, np.integer)) and int(value) in (0, 1):
+        return Sharding(int(value))
+    raise ValueError("sharding_strategy must be one of %s, got %r"
+                     % (list(Sharding.__members__), value))
+
+
 def rows_in_shard(vocabulary_size, num_shards, shard_id):
-    """Rows of shard `shard_id` of `num_shards` (TF's rule; every shard must be
-    non-empty).  Raises ValueError with TF's wording for bad arguments."""
+    """Rows of shard `shard_id` of `num_shards` (0 for a shard past a table
+    smaller than the number of shards).  ValueError with TF's wording for
+    bad arguments."""
     vocabulary_size, num_shards, shard_id = int(vocabulary_size), int(num_shards), int(shard_id)
     if num_shards <= 0:
         raise ValueError("The number of shards for the embedding layer must be > 0. "
@@ -27,22 +56,26 @@ def rows_in_shard(vocabulary_size, num_shards, shard_id):
     if not 0 <= shard_id < num_shards:
         raise ValueError("The value of shard_id must be >= 0 and < %d. Currently set to: %d"
                          % (num_shards, shard_id))
-    rows = vocabulary_size // num_shards + (1 if shard_id < vocabulary_size % num_shards else 0)
-    if rows <= 0:
-        raise ValueError("All embedding shards must be non-empty, shard ID: %d is empty, "
-                         "vocabulary size: %d, number of shards: %d"
-                         % (shard_id, vocabulary_size, num_shards))
-    return rows
+    if vocabulary_size <= 0:
+        raise ValueError("vocabulary_size must be > 0, got %d" % vocabulary_size)
+    return vocabulary_size // num_shards + (1 if shard_id < vocabulary_size % num_shards else 0)
 
 
-def shard_row_ids(vocabulary_size, num_shards, shard_id, mod):
-    """The global row of each local row of the shard (int64 numpy vector)."""
-    rows = rows_in_shard(vocabulary_size, num_shards, shard_id)
-    local = np.arange(rows, dtype=np.int64)
-    if mod:
+def global_rows(vocabulary_size, num_shards, shard_id, sharding, local):
+    """The global rows of the shard's local rows `local` (int64 numpy)."""
+    rows_in_shard(vocabulary_size, num_shards, shard_id)  # checks the arguments
+    local = np.asarray(local, np.int64)
+    if sharding_of(sharding) == Sharding.MOD:
         return local * num_shards + shard_id
     base, extra = divmod(int(vocabulary_size), int(num_shards))
     return local + (shard_id * base + min(shard_id, extra))
+
+
+def shard_row_ids(vocabulary_size, num_shards, shard_id, sharding):
+    """The global row of each local row of the shard (int64 numpy vector)."""
+    rows = rows_in_shard(vocabulary_size, num_shards, shard_id)
+    return global_rows(vocabulary_size, num_shards, shard_id, sharding,
+                       np.arange(rows, dtype=np.int64))
 
 
 def _is_tf(x):
@@ -60,11 +93,11 @@ def _vocab(table):
     return int(shape[0])
 
 
-def shard_rows(full, num_shards, shard_id, mod):
+def shard_rows(full, num_shards, shard_id, sharding):
     """Shard `shard_id` of `num_shards` of the whole table `full` ([vocab, dim]):
-    what ``Load…(num_shards, shard_id)`` loads for it; `mod` is the config's
-    MOD sharding_strategy (else DIV_DEFAULT)."""
-    ids = shard_row_ids(_vocab(full), num_shards, shard_id, mod)
+    what ``Load…(num_shards, shard_id)`` loads on that host; `sharding` is the
+    config's :class:`Sharding`."""
+    ids = shard_row_ids(_vocab(full), num_shards, shard_id, sharding)
     if _is_tf(full):
         import tensorflow as tf
 
@@ -72,7 +105,7 @@ def shard_rows(full, num_shards, shard_id, mod):
     return np.asarray(full)[ids]
 
 
-def assemble(shards, mod):
+def assemble(shards, sharding):
     """The whole table from all its shards (shard k at position k): the inverse
     of `shard_rows`.  Raises ValueError naming the shard whose row count or
     dimension does not fit."""
@@ -85,12 +118,15 @@ def assemble(shards, mod):
         raise ValueError("shards must be matrices of one dimension, got shapes %s"
                          % [list(s.shape) for s in shards])
     vocab = sum(int(s.shape[0]) for s in shards)
+    if vocab == 0:
+        raise ValueError("the %d shards hold no row" % num_shards)
     for k, s in enumerate(shards):
-        want = vocab // num_shards + (1 if k < vocab % num_shards else 0)
+        want = rows_in_shard(vocab, num_shards, k)
         if int(s.shape[0]) != want:
             raise ValueError("shard %d of %d has %d rows; a table of %d rows gives it %d"
                              % (k, num_shards, int(s.shape[0]), vocab, want))
-    ids = np.concatenate([shard_row_ids(vocab, num_shards, k, mod) for k in range(num_shards)])
+    ids = np.concatenate([shard_row_ids(vocab, num_shards, k, sharding)
+                          for k in range(num_shards)])
     if any(_is_tf(s) for s in shards):
         import tensorflow as tf
 
@@ -101,9 +137,9 @@ def assemble(shards, mod):
     return out
 
 
-def reshard(shards, mod, num_shards, new_mod=None):
-    """The `num_shards` shards (layout `new_mod`, default `mod`) of the table
-    whose current shards are `shards` (layout `mod`): S -> S'."""
-    full = assemble(shards, mod)
-    new_mod = mod if new_mod is None else new_mod
-    return [shard_rows(full, num_shards, k, new_mod) for k in range(num_shards)]
+def reshard(shards, sharding, num_shards, new_sharding=None):
+    """The `num_shards` shards (layout `new_sharding`, default `sharding`) of
+    the table whose current shards are `shards` (layout `sharding`): S -> S'."""
+    full = assemble(shards, sharding)
+    new_sharding = sharding if new_sharding is None else new_sharding
+    return [shard_rows(full, num_shards, k, new_sharding) for k in range(num_shards)]

@@ -29,9 +29,24 @@ STOP_TIMEOUT_S = 10
 
 def free_port():
     """A free TCP port on 127.0.0.1 (free when asked; nothing holds it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(n):
+    """`n` distinct free TCP ports on 127.0.0.1: every socket is held until
+    all are chosen, so no two are the same.  (Two gRPC servers can bind one
+    port -- TF's set SO_REUSEPORT -- and then share its connections: a
+    cluster whose tasks got the same port mixes up its hosts.)"""
+    sockets = []
+    try:
+        for _ in range(int(n)):
+            s = socket.socket()
+            sockets.append(s)
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 class LocalHosts:
@@ -45,7 +60,7 @@ class LocalHosts:
     def __init__(self, num_hosts, replicas_per_host=1, lifetime_s=3600):
         if int(num_hosts) < 1:
             raise ValueError("num_hosts must be >= 1, got %r" % num_hosts)
-        self.addresses = ["127.0.0.1:%d" % free_port() for _ in range(int(num_hosts))]
+        self.addresses = ["127.0.0.1:%d" % p for p in free_ports(num_hosts)]
         self.replicas_per_host = int(replicas_per_host)
         self.lifetime_s = lifetime_s
         self.hosts = EmbeddingHosts({"embedding": self.addresses},

@@ -7,36 +7,44 @@ its job, engine replica r = the task's CPU device r) the way
 
 * ``configure``: ``ConfigureTPUEmbeddingHostShard(config, host_id=k)`` on every host
   (the config's ``num_hosts`` = S): host k allocates only shard k of every
-  table and slot;
+  table and slot (empty for a table of fewer than S rows, TF's layout);
 * ``load`` / ``retrieve``: a whole table (TF's TPU-embedding layout, the same
   whatever S) cut into the S shards of the config's sharding strategy and
   loaded with ``num_shards=S, shard_id=k``, and reassembled after retrieval
   (``tf_tpu_emb.cluster.checkpoint``);
-* ``enqueue``: one replica's batch routed (:mod:`tf_tpu_emb.cluster.routing`)
-  and enqueued on every host's replica device;
-* ``recv``: every host's partial activations of the replica, summed (a row
-  lives on one host, so the sum is the single-host lookup);
-* ``send``: the replica's full activation gradient sent to every host; each
-  host validates the whole tensor, so a gradient one host refuses every host
-  refuses (no half-applied step), and each host applies the update of its
-  rows once every replica of every worker has sent (the engine's step
-  protocol): one synchronous global update.
+* ``enqueue``: the worker's router (:mod:`tf_tpu_emb.cluster.routing`)
+  checks the replica's batch and packs, per host, only what its rows need;
+  each host enqueues its packed part (``EnqueueTPUEmbeddingRoutedBatch``);
+* ``recv``: each host returns only its part (the bags it holds ids of, or
+  its distinct rows) in one tensor; the worker combines them into the
+  replica's activations;
+* ``send``: the worker splits the activation gradients into one tensor per
+  host (the rows of its bags, or each of its rows' summed gradient) and each
+  host applies the update of its rows once every replica of every worker has
+  sent (the engine's step protocol): one synchronous global update.  A batch
+  any host would refuse is refused by the worker's route, before any host
+  sees it.
 
-Enqueue, Recv and Send of all hosts are built in the caller's function, so
-one ``tf.function`` step carries every host's part, and every host op is
-marked :func:`~tf_tpu_emb.cluster.ordering.per_host`: TF keeps program order
-among one host's ops and runs the hosts' parts in parallel.
+So one replica's step moves one tensor per host and phase (batch, partial
+activations, gradients).  Enqueue, Recv and Send of all hosts are built in
+the caller's function, so one ``tf.function`` step carries every host's
+part, and every host op is marked :func:`~tf_tpu_emb.cluster.ordering.per_host`
+(the worker's router ops as one more "host"): TF keeps program order among
+one host's ops and runs the hosts' parts in parallel.
 """
 import tensorflow as tf
 
 from tf_tpu_emb import backend
 from tf_tpu_emb import engine_registry
+from tf_tpu_emb import layout as layout_lib
 from tf_tpu_emb import ops
 from tf_tpu_emb import send as send_lib
 from tf_tpu_emb.cluster import checkpoint
 from tf_tpu_emb.cluster import lease
 from tf_tpu_emb.cluster import ordering
 from tf_tpu_emb.cluster import routing
+
+WORKER = "worker"  # the ordering key of the worker's router ops
 
 
 class ShardedEngine(backend.Backend):
@@ -68,8 +76,13 @@ class ShardedEngine(backend.Backend):
         self.hosts = hosts
         self.config = config
         self.num_hosts = hosts.num_hosts
-        self.mod = proto.sharding_strategy == pb.TPUEmbeddingConfiguration.MOD
-        self.router = routing.Router(features, self.num_hosts, self.mod)
+        self.sharding = checkpoint.sharding_of(proto.sharding_strategy)
+        self.features = list(features)
+        # The worker's router, named after the engine (configure / attach).
+        self.router = None
+        # Hosts apply a step's update after their Send returned (the next
+        # Recv waits for it): the worker routes the next batch meanwhile.
+        self.background_updates = True
         self.replica_offset = int(replica_offset)
         self._owner = owner
         self._generation = None
@@ -101,8 +114,15 @@ class ShardedEngine(backend.Backend):
         else:  # a backend without an owning object: a name of its own
             self.engine = engine_registry.EngineName(lease.SESSION_PREFIX).name
         self._configure_hosts(takeover)
+        self.wait_for_hosts()
+        self._make_router()
         self.configured = True
         self.hosts.leases.keep(self.engine)
+
+    def _make_router(self):
+        if self.router is None:
+            self.router = routing.Router(self.config, self.features, self.num_hosts,
+                                         name="router_" + self.engine)
 
     def _configure_hosts(self, takeover):
         # Every host's lease first (evicting ended ones): a refusal is an
@@ -164,9 +184,13 @@ class ShardedEngine(backend.Backend):
                 "before the other workers".format(", ".join(
                     "host %d: %s" % (k, n) for k, n in enumerate(names))))
         self.engine = names[0]
+        self._make_router()
 
     def shutdown(self):
         """Shuts every host's engine down (tables are lost: retrieve first)."""
+        if self.router is not None:
+            self.router.shutdown()
+            self.router = None
         if not self.configured:
             return
         self.configured = False
@@ -197,6 +221,18 @@ class ShardedEngine(backend.Backend):
         """Eager remote errors name their host (``hosts.translate``)."""
         return self.hosts.translating()
 
+    def wait_for_hosts(self):
+        """Eagerly: returns once every op sent to the hosts so far has run.
+        TF's remote eager ops return before the host runs them, and a step
+        function sent next can run on a host before them (seen on loopback
+        hosts: a first step finding no engine, the configure still queued).
+        One answered op per host drains its queue."""
+        if not tf.executing_eagerly():
+            return
+        for k in range(self.num_hosts):
+            with tf.device(self._device(k)):
+                ops.is_tpu_embedding_initialized().numpy()
+
     # ---------------------------------------------------------- tables
 
     def step_count(self):
@@ -213,14 +249,16 @@ class ShardedEngine(backend.Backend):
 
     def load(self, handles, table_name, values):
         """Loads a whole table's state tensors (``handles.tensors`` order,
-        each ``[vocabulary_size, dim]``) into every host's shard."""
+        each ``[vocabulary_size, dim]``) into every host's shard (eagerly:
+        done on every host when it returns)."""
         values = [tf.convert_to_tensor(v) for v in values]
         for k in range(self.num_hosts):
-            shards = [checkpoint.shard_rows(v, self.num_hosts, k, self.mod) for v in values]
+            shards = [checkpoint.shard_rows(v, self.num_hosts, k, self.sharding) for v in values]
             with tf.device(self._device(k)):
                 ordering.per_host(handles.load(*shards, num_shards=self.num_hosts,
                                                shard_id=k, table_name=table_name,
                                                engine=self.engine), k)
+        self.wait_for_hosts()
 
     def retrieve(self, handles, table_name):
         """The whole table's state tensors, reassembled from every host."""
@@ -231,43 +269,48 @@ class ShardedEngine(backend.Backend):
                     handles.retrieve(num_shards=self.num_hosts, shard_id=k,
                                      table_name=table_name, engine=self.engine), k)
             per_host.append([values] if isinstance(values, tf.Tensor) else list(values))
-        return [checkpoint.assemble([h[i] for h in per_host], self.mod)
+        return [checkpoint.assemble([h[i] for h in per_host], self.sharding)
                 for i in range(len(per_host[0]))]
 
     # ---------------------------------------------------------- the step
 
     def enqueue(self, indices, values, weights, mode, replica, name=None):
-        """Routes one replica's ArbitraryTensorBatch inputs and enqueues each
-        host's part on that host's replica device."""
-        routed = self.router.route(indices, values, weights)
+        """Routes one replica's ArbitraryTensorBatch inputs on this worker and
+        enqueues each host's packed part on that host's replica device."""
+        batches, _, _ = self.router.route(indices, values, weights, mode, replica, name=name)
+        ordering.per_host(batches, WORKER)
         enqueues = []
-        for k, (splits, ids, folded) in enumerate(routed):
+        for k, batch in enumerate(batches):
             with tf.device(self._device(k, replica)):
-                enqueues.append(ordering.per_host(ops.enqueue_tpu_embedding_arbitrary_tensor_batch(
-                    splits, ids, folded, device_ordinal=replica,
-                    combiners=self.router.host_combiners, mode_override=mode,
-                    engine=self.engine,
+                enqueues.append(ordering.per_host(ops.enqueue_tpu_embedding_routed_batch(
+                    batch, engine=self.engine,
                     name=None if name is None else "{}_host{}".format(name, k)), k))
         return None if tf.executing_eagerly() else tf.group(enqueues)
 
     def recv(self, num_outputs, replica, name=None):
-        """The replica's activations: the sum of every host's partial ones."""
-        partials = []
+        """The replica's activations, combined from every host's part."""
+        if num_outputs != len(self.router.features):
+            raise ValueError("recv: the config has {} outputs, not {}"
+                             .format(len(self.router.features), num_outputs))
+        parts = []
         for k in range(self.num_hosts):
             with tf.device(self._device(k, replica)):
-                partials.append(ordering.per_host(ops.recv_tpu_embedding_activations(
-                    num_outputs=num_outputs, config=self.config, engine=self.engine,
-                    name=name), k))
-        if self.num_hosts == 1:
-            return list(partials[0])
-        return [tf.add_n([p[o] for p in partials]) for o in range(num_outputs)]
+                parts.append(ordering.per_host(
+                    ops.recv_tpu_embedding_routed_activations(engine=self.engine, name=name), k))
+        return list(ordering.per_host(self.router.combine(parts, replica, name=name), WORKER))
 
     def send(self, layout, gradients, learning_rates, replica, control_inputs=None,
              name=None):
-        """Sends the replica's activation gradients to every host."""
-        sends = [ordering.per_host(
-                     send_lib.build_send(layout, gradients, learning_rates, config=self.config,
-                                         control_inputs=control_inputs,
-                                         device=self._device(k, replica), name=name), k)
-                 for k in range(self.num_hosts)]
+        """Splits the replica's activation gradients per host and sends each
+        host its part."""
+        inputs = layout_lib.send_inputs(layout, gradients)
+        rates = send_lib.learning_rates_for(layout, learning_rates)
+        with tf.control_dependencies(send_lib._control_ops(control_inputs)):  # pylint: disable=protected-access
+            parts = ordering.per_host(self.router.split(inputs, rates, replica, name=name),
+                                      WORKER)
+        sends = []
+        for k, part in enumerate(parts):
+            with tf.device(self._device(k, replica)):
+                sends.append(ordering.per_host(ops.send_tpu_embedding_routed_gradients(
+                    part, background=self.background_updates, engine=self.engine, name=name), k))
         return None if tf.executing_eagerly() else tf.group(sends)
