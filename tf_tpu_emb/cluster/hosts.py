@@ -432,7 +432,7 @@ class EmbeddingHosts:
         try:
             yield
             if tf.executing_eagerly():
-                context.async_wait()  # remote eager ops report their errors late
+                self._sync_remote()  # remote eager ops report their errors late
         except tf.errors.OpError as e:
             context.context().executor.clear_error()  # this thread's, without waiting
             k = None
@@ -440,6 +440,51 @@ class EmbeddingHosts:
                 dead = self.unreachable()
                 k = dead[0] if dead else None
             raise self.translate(e, k) from None
+
+    def _sync_remote(self):
+        """``context.async_wait()`` (every executor here and on the hosts: the
+        only way an output-less remote op's error comes back), bounded by
+        `host_timeout_s`: TF's wait has no deadline and can block for ever on
+        a host that died at the wrong moment, so it runs in a helper thread
+        and a wait past the timeout raises DeadlineExceededError naming the
+        hosts that do not answer (the helper stays blocked, as an abandoned
+        `run` step does)."""
+        from tensorflow.python.eager import context  # pylint: disable=import-outside-toplevel
+
+        box, done = {}, threading.Event()
+
+        def target():
+            try:
+                context.async_wait()
+            except BaseException as e:  # noqa: BLE001 - re-raised in the caller
+                box["error"] = e
+            finally:
+                done.set()
+
+        threading.Thread(target=target, daemon=True, name="tf_tpu_emb-sync").start()
+        timeout = host_timeout_s()
+        deadline = time.monotonic() + timeout
+        # A host that died refuses connections: say so at once rather than
+        # at the deadline (TF's wait may never learn it).
+        while not done.wait(min(1.0, max(0.0, deadline - time.monotonic()))):
+            dead = self.unreachable(timeout_s=0.5)
+            if dead:
+                raise tf.errors.UnavailableError(
+                    None, None, "%s: cannot be reached (it refuses connections); the step's "
+                    "operations on it did not complete. Restart the host, hosts.reconnect() "
+                    "and restore the last checkpoint." % self.describe(dead[0]))
+            if time.monotonic() >= deadline:
+                break
+        if not done.is_set():
+            dead = self.unreachable()
+            who = ("; ".join(self.describe(k) for k in dead) + " cannot be reached"
+                   if dead else "every host accepts connections")
+            raise tf.errors.DeadlineExceededError(
+                None, None, "the hosts did not confirm this step's operations within %.3g s "
+                "(%s): %s. Restart the host, reconnect and restore the last checkpoint."
+                % (timeout, TIMEOUT_ENV, who))
+        if "error" in box:
+            raise box["error"]
 
     def host_of(self, error):
         """The host an error is about, or None: the first host whose address the
