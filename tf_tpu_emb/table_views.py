@@ -38,7 +38,7 @@ class ShardedTable:
         full = tf.convert_to_tensor(self.variable)
         shards = []
         for k in range(self.num_shards):
-            ids = layouts.shard_row_ids(vocab, self.num_shards, k, mod=True) \
+            ids = layouts.shard_row_ids(vocab, self.num_shards, k, layouts.Sharding.MOD) \
                 if k < vocab else []
             shard = tf.gather(full, ids) if len(ids) else tf.zeros([0, dim], full.dtype)
             shards.append(tf.pad(shard, [[0, rows - len(ids)], [0, 0]]))
