@@ -85,3 +85,42 @@ def test_hung_host_is_named_in_bounded_time_and_training_goes_on(cluster, engine
         clustered.shutdown()
         local.shutdown()
 
+
+
+def test_eager_enqueue_on_a_hung_host_is_bounded_and_the_step_completes(cluster, monkeypatch):
+    """An eager call's wait for the hosts (hosts.translating) ends at
+    TF_TPU_EMB_HOST_TIMEOUT_SECONDS with DeadlineExceededError naming the hung
+    host; once it answers, the enqueued batch is there and the step completes
+    as on one engine."""
+    import lifecycle_model as model  # pylint: disable=import-outside-toplevel
+
+    local, clustered = model.make(), model.make(cluster.hosts)
+    local.build(model.B)
+    clustered.build(model.B)
+    try:
+        model.step(local, 0)
+        model.step(clustered, 0)
+        monkeypatch.setenv("TF_TPU_EMB_HOST_TIMEOUT_SECONDS", "3")
+        pid = cluster.procs[1].pid
+        os.kill(pid, signal.SIGSTOP)
+        started = time.monotonic()
+        try:
+            with pytest.raises(tf.errors.DeadlineExceededError) as info:
+                clustered.enqueue({"f": model.ids(1)})
+            assert time.monotonic() - started < 30  # 3 s, then a bounded probe
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        message = info.value.message
+        assert "did not confirm this step's operations within 3 s" in message, message
+        assert cluster.hosts.describe(1) in message and cluster.hosts.describe(0) not in message
+        for thread in threading.enumerate():  # the abandoned wait ends once host 1 answers
+            if thread.name == "tf_tpu_emb-sync":
+                thread.join(120)
+                assert not thread.is_alive(), "the wait never finished"
+        monkeypatch.delenv("TF_TPU_EMB_HOST_TIMEOUT_SECONDS")
+        clustered.apply_gradients({"f": clustered.dequeue()["f"] + 1.0})
+        model.step(local, 1)
+        np.testing.assert_allclose(model.table(clustered), model.table(local), rtol=1e-6)
+    finally:
+        clustered.shutdown()
+        local.shutdown()

@@ -361,13 +361,8 @@ class EmbeddingHosts:
         thread.start()
         thread.join(timeout)
         if thread.is_alive():
-            silent = sorted(set(range(self.num_hosts)) - set(self._answering(min(timeout, 5.0))))
-            who = ("; ".join(self.describe(k) for k in silent) + " did not answer"
-                   if silent else "every host answers a probe")
-            raise tf.errors.DeadlineExceededError(
-                None, None, "the step did not finish within %.3g s (the timeout_s argument or "
-                "%s): %s. Restart the host, reconnect and restore the last checkpoint."
-                % (timeout, TIMEOUT_ENV, who))
+            raise self._deadline_error("the step did not finish", timeout,
+                                       "the timeout_s argument or " + TIMEOUT_ENV)
         if "error" in result:
             error, k = result["error"], None
             if isinstance(error, tf.errors.UnavailableError):
@@ -429,10 +424,11 @@ class EmbeddingHosts:
         `run`)."""
         from tensorflow.python.eager import context  # pylint: disable=import-outside-toplevel
 
+        late = None
         try:
             yield
             if tf.executing_eagerly():
-                self._sync_remote()  # remote eager ops report their errors late
+                late = self._sync_remote()  # remote eager ops report their errors late
         except tf.errors.OpError as e:
             context.context().executor.clear_error()  # this thread's, without waiting
             k = None
@@ -440,15 +436,31 @@ class EmbeddingHosts:
                 dead = self.unreachable()
                 k = dead[0] if dead else None
             raise self.translate(e, k) from None
+        if late is not None:
+            # Not through the executor: touching it (even clear_error) waits
+            # for the ops still pending on the hung host.
+            raise late
+
+    def _deadline_error(self, what, timeout, source):
+        """DeadlineExceededError: `what` within `timeout` s (set by `source`),
+        naming the hosts that do not answer a probe op."""
+        silent = sorted(set(range(self.num_hosts)) - set(self._answering(min(timeout, 5.0))))
+        who = ("; ".join(self.describe(k) for k in silent) + " did not answer"
+               if silent else "every host answers a probe")
+        return tf.errors.DeadlineExceededError(
+            None, None, "%s within %.3g s (%s): %s. Restart the host, reconnect and restore "
+            "the last checkpoint." % (what, timeout, source, who))
 
     def _sync_remote(self):
         """``context.async_wait()`` (every executor here and on the hosts: the
         only way an output-less remote op's error comes back), bounded by
         `host_timeout_s`: TF's wait has no deadline and can block for ever on
-        a host that died at the wrong moment, so it runs in a helper thread
-        and a wait past the timeout raises DeadlineExceededError naming the
-        hosts that do not answer (the helper stays blocked, as an abandoned
-        `run` step does)."""
+        a host that died at the wrong moment, so it runs in a helper thread.
+        Raises the hosts' error, or UnavailableError naming a host that
+        refuses connections; returns a DeadlineExceededError naming the hosts
+        that do not answer once the timeout passes (for the caller to raise
+        without touching its executor; the helper stays blocked, as an
+        abandoned `run` step does), else None."""
         from tensorflow.python.eager import context  # pylint: disable=import-outside-toplevel
 
         box, done = {}, threading.Event()
@@ -476,15 +488,11 @@ class EmbeddingHosts:
             if time.monotonic() >= deadline:
                 break
         if not done.is_set():
-            dead = self.unreachable()
-            who = ("; ".join(self.describe(k) for k in dead) + " cannot be reached"
-                   if dead else "every host accepts connections")
-            raise tf.errors.DeadlineExceededError(
-                None, None, "the hosts did not confirm this step's operations within %.3g s "
-                "(%s): %s. Restart the host, reconnect and restore the last checkpoint."
-                % (timeout, TIMEOUT_ENV, who))
+            return self._deadline_error("the hosts did not confirm this step's operations",
+                                        timeout, TIMEOUT_ENV)
         if "error" in box:
             raise box["error"]
+        return None
 
     def host_of(self, error):
         """The host an error is about, or None: the first host whose address the
