@@ -2,7 +2,7 @@
 // which local row, and how many rows each host's shard has
 // (TPUEmbeddingConfiguration.sharding_strategy; docs/tpu_embedding_semantics.md
 // §2.7 "Sharding order inside a shard").  Its Python twin, for whole-table
-// checkpoints, is tf_tpu_emb/cluster/checkpoint.py; tests/cluster/
+// checkpoints, is tf_tpu_emb/sharding.py; tests/cluster/
 // test_shard_arithmetic.py checks that the two agree.
 //
 // Shard k of S holds vocab / S rows, plus one for the first vocab % S shards.

@@ -6,14 +6,14 @@ Keras-RS (``DistributedEmbedding.get_embedding_tables``) indexes the tables by
 k holds rows k, k + S, ...; each padded with zero rows to ``ceil(V / S)``), S
 being the number of replicas times the embedding devices per chip (one under
 the CPU stand-in for the TPU system).  The shard rows are those of
-``tf_tpu_emb.cluster.checkpoint`` (TF's MOD layout); only the padding is the
+``tf_tpu_emb.sharding`` (TF's MOD layout); only the padding is the
 view's.
 """
 import math
 
 import tensorflow as tf
 
-from tf_tpu_emb.cluster import checkpoint as layouts
+from tf_tpu_emb import sharding
 
 __all__ = ["EmbeddingTables", "ShardedTable"]
 
@@ -38,7 +38,7 @@ class ShardedTable:
         full = tf.convert_to_tensor(self.variable)
         shards = []
         for k in range(self.num_shards):
-            ids = layouts.shard_row_ids(vocab, self.num_shards, k, layouts.Sharding.MOD) \
+            ids = sharding.shard_row_ids(vocab, self.num_shards, k, sharding.Sharding.MOD) \
                 if k < vocab else []
             shard = tf.gather(full, ids) if len(ids) else tf.zeros([0, dim], full.dtype)
             shards.append(tf.pad(shard, [[0, rows - len(ids)], [0, 0]]))

@@ -1,4 +1,4 @@
-"""Table layout conversion across host counts (tf_tpu_emb.cluster.checkpoint),
+"""Table layout conversion across host counts (tf_tpu_emb.sharding),
 checked against the engine's own Load/Retrieve(num_shards=S, shard_id=k) (the
 rows TF's TPU layout gives shard k, docs/tpu_embedding_semantics.md), against
 host-shard engines for tables smaller than the host count (empty shards),
@@ -9,9 +9,9 @@ import tensorflow as tf
 
 import engine_util as eu
 from tf_tpu_emb import ops
-from tf_tpu_emb.cluster import checkpoint as ckpt
+from tf_tpu_emb import sharding
 
-DIV, MOD = ckpt.Sharding.DIV_DEFAULT, ckpt.Sharding.MOD
+DIV, MOD = sharding.Sharding.DIV_DEFAULT, sharding.Sharding.MOD
 
 CASES = [(vocab, optimizer) for vocab in (7, 12, 13) for optimizer in ("adagrad", "adam")]
 
@@ -39,14 +39,14 @@ def test_shards_are_the_engines_shards(lib, mod, vocab, optimizer):
             for k in range(S):
                 for i, state in enumerate(full):
                     want_rows = eu.shard_rows(vocab, S, k, mod)  # the spec's reference
-                    np.testing.assert_array_equal(ckpt.shard_row_ids(vocab, S, k, mod), want_rows)
-                    np.testing.assert_array_equal(ckpt.shard_rows(state, S, k, mod), got[k][i])
+                    np.testing.assert_array_equal(sharding.shard_row_ids(vocab, S, k, mod), want_rows)
+                    np.testing.assert_array_equal(sharding.shard_rows(state, S, k, mod), got[k][i])
             for i, state in enumerate(full):
-                np.testing.assert_array_equal(ckpt.assemble([g[i] for g in got], mod), state)
+                np.testing.assert_array_equal(sharding.assemble([g[i] for g in got], mod), state)
         other = eu.random_state(rng, desc)
         for S in (2, 3, 4):
             for k in range(S):
-                eu.load_table(desc, [ckpt.shard_rows(s, S, k, mod) for s in other],
+                eu.load_table(desc, [sharding.shard_rows(s, S, k, mod) for s in other],
                               num_shards=S, shard_id=k)
             for i, state in enumerate(eu.retrieve_table(desc)):
                 np.testing.assert_array_equal(state, other[i])
@@ -60,8 +60,8 @@ def test_reshard_is_the_engines_shards_at_the_new_count(lib, mod, new_mod, S, S2
     vocab = 13
     rng = np.random.default_rng(S * 10 + S2)
     full = rng.standard_normal((vocab, 3)).astype(np.float32)
-    old = [ckpt.shard_rows(full, S, k, mod) for k in range(S)]
-    new = ckpt.reshard(old, mod, S2, new_mod)
+    old = [sharding.shard_rows(full, S, k, mod) for k in range(S)]
+    new = sharding.reshard(old, mod, S2, new_mod)
     config = _config(vocab, "stochastic_gradient_descent", new_mod)
     desc = config.table_descriptor[0]
     with eu.engine(config):
@@ -75,30 +75,30 @@ def test_reshard_is_the_engines_shards_at_the_new_count(lib, mod, new_mod, S, S2
 def test_tf_tensors_and_variables_give_the_numpy_result(mod):
     full = np.arange(11 * 2, dtype=np.float32).reshape(11, 2)
     var = tf.Variable(full)
-    shards = [ckpt.shard_rows(var, 3, k, mod) for k in range(3)]
+    shards = [sharding.shard_rows(var, 3, k, mod) for k in range(3)]
     assert all(tf.is_tensor(s) for s in shards)
     for k in range(3):
-        np.testing.assert_array_equal(shards[k].numpy(), ckpt.shard_rows(full, 3, k, mod))
-    out = ckpt.assemble(shards, mod)
+        np.testing.assert_array_equal(shards[k].numpy(), sharding.shard_rows(full, 3, k, mod))
+    out = sharding.assemble(shards, mod)
     assert tf.is_tensor(out)
     np.testing.assert_array_equal(out.numpy(), full)
-    graph_fn = tf.function(lambda t: ckpt.assemble([ckpt.shard_rows(t, 4, k, mod)
+    graph_fn = tf.function(lambda t: sharding.assemble([sharding.shard_rows(t, 4, k, mod)
                                                     for k in range(4)], mod))
     np.testing.assert_array_equal(graph_fn(tf.constant(full)).numpy(), full)
 
 
 @pytest.mark.parametrize("call,message", [
-    (lambda: ckpt.rows_in_shard(10, 0, 0), "number of shards for the embedding layer must be > 0"),
-    (lambda: ckpt.rows_in_shard(10, 2, 2), "shard_id must be >= 0 and < 2. Currently set to: 2"),
-    (lambda: ckpt.rows_in_shard(0, 3, 2), "vocabulary_size must be > 0"),
-    (lambda: ckpt.shard_rows(np.zeros(5), 2, 0, DIV), "must be a \\[vocabulary_size"),
-    (lambda: ckpt.assemble([np.zeros((2, 3)), np.zeros((3, 3))], MOD),
+    (lambda: sharding.rows_in_shard(10, 0, 0), "number of shards for the embedding layer must be > 0"),
+    (lambda: sharding.rows_in_shard(10, 2, 2), "shard_id must be >= 0 and < 2. Currently set to: 2"),
+    (lambda: sharding.rows_in_shard(0, 3, 2), "vocabulary_size must be > 0"),
+    (lambda: sharding.shard_rows(np.zeros(5), 2, 0, DIV), "must be a \\[vocabulary_size"),
+    (lambda: sharding.assemble([np.zeros((2, 3)), np.zeros((3, 3))], MOD),
      "shard 0 of 2 has 2 rows; a table of 5 rows gives it 3"),
-    (lambda: ckpt.assemble([np.zeros((0, 3)), np.zeros((1, 3))], MOD),
+    (lambda: sharding.assemble([np.zeros((0, 3)), np.zeros((1, 3))], MOD),
      "shard 0 of 2 has 0 rows; a table of 1 rows gives it 1"),
-    (lambda: ckpt.assemble([np.zeros((2, 3)), np.zeros((2, 4))], MOD), "one dimension"),
-    (lambda: ckpt.assemble([], MOD), "at least one shard"),
-    (lambda: ckpt.sharding_of("ROUND_ROBIN"), "must be one of \\['DIV_DEFAULT', 'MOD'\\]"),
+    (lambda: sharding.assemble([np.zeros((2, 3)), np.zeros((2, 4))], MOD), "one dimension"),
+    (lambda: sharding.assemble([], MOD), "at least one shard"),
+    (lambda: sharding.sharding_of("ROUND_ROBIN"), "must be one of \\['DIV_DEFAULT', 'MOD'\\]"),
 ])
 def test_bad_layouts_are_named(call, message):
     with pytest.raises(ValueError, match=message):
@@ -130,15 +130,15 @@ def test_tpu_embedding_for_serving_tables_round_trip_through_host_shards(lib, mo
         for S in (2, 3, 4):
             eu.load_table(desc, [np.zeros((vocab, dim), np.float32)])
             for k in range(S):
-                eu.load_table(desc, [ckpt.shard_rows(served, S, k, mod)],
+                eu.load_table(desc, [sharding.shard_rows(served, S, k, mod)],
                               num_shards=S, shard_id=k)
             np.testing.assert_array_equal(eu.retrieve_table(desc)[0], served)
             shards = [eu.retrieve_table(desc, num_shards=S, shard_id=k)[0] for k in range(S)]
-            np.testing.assert_array_equal(ckpt.assemble(shards, mod), served)
+            np.testing.assert_array_equal(sharding.assemble(shards, mod), served)
 
 
 def test_sharding_names_and_numbers():
-    assert ckpt.sharding_of("MOD") is MOD and ckpt.sharding_of(0) is DIV
+    assert sharding.sharding_of("MOD") is MOD and sharding.sharding_of(0) is DIV
     assert int(MOD) == eu.MOD and int(DIV) == eu.DIV  # the proto's values
 
 
@@ -153,12 +153,12 @@ def test_tables_smaller_than_the_host_count_round_trip(engine_released, mod, voc
     desc = config.table_descriptor[0]
     full = eu.random_state(np.random.default_rng(vocab * 10 + S), desc)
     for k in range(S):
-        assert ckpt.rows_in_shard(vocab, S, k) == len(eu.shard_rows(vocab, S, k, mod == MOD))
+        assert sharding.rows_in_shard(vocab, S, k) == len(eu.shard_rows(vocab, S, k, mod == MOD))
     names = ["host%d" % k for k in range(S)]
     try:
         for k, name in enumerate(names):
             ops.configure_tpu_embedding_host_shard(config.SerializeToString(), k, engine=name)
-            eu.load_table(desc, [ckpt.shard_rows(s, S, k, mod) for s in full], num_shards=S,
+            eu.load_table(desc, [sharding.shard_rows(s, S, k, mod) for s in full], num_shards=S,
                           shard_id=k, engine=name)
         got = [eu.retrieve_table(desc, num_shards=S, shard_id=k, engine=name)
                for k, name in enumerate(names)]
@@ -166,9 +166,9 @@ def test_tables_smaller_than_the_host_count_round_trip(engine_released, mod, voc
         for name in names:
             ops.shutdown_tpu_embedding(engine=name)
     for k in range(S):
-        assert got[k][0].shape == (ckpt.rows_in_shard(vocab, S, k), 3)
+        assert got[k][0].shape == (sharding.rows_in_shard(vocab, S, k), 3)
     for i, state in enumerate(full):
-        np.testing.assert_array_equal(ckpt.assemble([g[i] for g in got], mod), state)
+        np.testing.assert_array_equal(sharding.assemble([g[i] for g in got], mod), state)
         for S2 in (1, 2, S + 1):
-            again = ckpt.assemble(ckpt.reshard([g[i] for g in got], mod, S2), mod)
+            again = sharding.assemble(sharding.reshard([g[i] for g in got], mod, S2), mod)
             np.testing.assert_array_equal(again, state)

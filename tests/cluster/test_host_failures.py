@@ -4,7 +4,7 @@
 The step here shards one table over two hosts by hand (MOD layout: id -> host
 id % 2, local row id // 2, sum combiner, the same activation gradient sent to
 both hosts), so that these tests need only the host layer; the checkpoint is
-the whole table (tf_tpu_emb.cluster.checkpoint.assemble of what the hosts
+the whole table (tf_tpu_emb.sharding.assemble of what the hosts
 retrieve).  The result after the restart is checked against a numpy SGD
 reference of the uninterrupted run."""
 import os
@@ -17,7 +17,7 @@ from tensorflow.core.protobuf.tpu import tpu_embedding_configuration_pb2 as pb
 
 from cluster import LoopbackCluster
 from tf_tpu_emb import ops
-from tf_tpu_emb.cluster import checkpoint as ckpt
+from tf_tpu_emb import sharding
 
 pytestmark = pytest.mark.system  # child processes, servers or compilers
 
@@ -28,7 +28,7 @@ BAGS = [[[0, 3], [4], [1, 7, 8]], [[2], [5, 6], [3, 3]], [[8], [0, 1], [4, 7]],
 
 def _config(k):
     c = pb.TPUEmbeddingConfiguration(mode=pb.TPUEmbeddingConfiguration.TRAINING)
-    t = c.table_descriptor.add(name="t", vocabulary_size=ckpt.rows_in_shard(VOCAB, S, k),
+    t = c.table_descriptor.add(name="t", vocabulary_size=sharding.rows_in_shard(VOCAB, S, k),
                                dimension=DIM)
     t.optimization_parameters.stochastic_gradient_descent.SetInParent()
     t.optimization_parameters.learning_rate.constant = LR
@@ -74,7 +74,7 @@ class Trainer:
                 ops.shutdown_tpu_embedding()
                 ops.configure_tpu_embedding(CONFIGS[k])
                 tf.raw_ops.LoadTPUEmbeddingStochasticGradientDescentParameters(
-                    parameters=ckpt.shard_rows(full, S, k, ckpt.Sharding.MOD), table_name="t",
+                    parameters=sharding.shard_rows(full, S, k, sharding.Sharding.MOD), table_name="t",
                     num_shards=1, shard_id=0)
         self._step = self._build_step()
 
@@ -106,7 +106,7 @@ class Trainer:
             with tf.device(self.hosts.device(k)):
                 shards.append(tf.raw_ops.RetrieveTPUEmbeddingStochasticGradientDescentParameters(
                     table_name="t", num_shards=1, shard_id=0).numpy())
-        return ckpt.assemble(shards, ckpt.Sharding.MOD)
+        return sharding.assemble(shards, sharding.Sharding.MOD)
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,10 @@
 """The two homes of the host-sharding arithmetic agree: the C++ data path
 (core/sharding.h, through the worker's RouteTPUEmbeddingArbitraryTensorBatch)
-and the Python checkpoint module (tf_tpu_emb.cluster.checkpoint).
+and its Python twin (tf_tpu_emb.sharding).
 
 Random ids of a table are routed over S hosts; each host's packed batch is
 decoded (the format engine/routing.h documents) and its local rows mapped back
-to global ids with ``checkpoint.global_rows``.  The hosts' global ids must
+to global ids with ``sharding.global_rows``.  The hosts' global ids must
 be the batch's ids, each host's in the batch's order and disjoint, for
 DIV_DEFAULT and MOD, tables smaller than the host count, vocabularies not
 divisible by it, and ids near 2^31."""
@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.protobuf.tpu import tpu_embedding_configuration_pb2 as pb
 
-from tf_tpu_emb.cluster import checkpoint as ckpt
+from tf_tpu_emb import sharding
 from tf_tpu_emb.cluster import routing
 
 HEADER_WORDS, OUTPUT_WORDS = 8, 4  # engine/routing.h, namespace packed
@@ -39,9 +39,9 @@ def decode(packed):
     return int(form), lengths, ids.astype(np.int64)
 
 
-def route(ids, vocab, num_hosts, sharding, form):
+def route(ids, vocab, num_hosts, strategy, form):
     c = pb.TPUEmbeddingConfiguration(mode=pb.TPUEmbeddingConfiguration.TRAINING,
-                                     num_hosts=num_hosts, sharding_strategy=int(sharding))
+                                     num_hosts=num_hosts, sharding_strategy=int(strategy))
     t = c.table_descriptor.add(name="t", vocabulary_size=vocab, dimension=2)
     t.optimization_parameters.adagrad.SetInParent()
     t.optimization_parameters.learning_rate.constant = 0.1
@@ -60,21 +60,21 @@ def route(ids, vocab, num_hosts, sharding, form):
 CASES = [(3, 4), (1, 2), (13, 5), (64, 4), (100_003, 7), (2**31 + 5, 3)]
 
 
-@pytest.mark.parametrize("sharding", list(ckpt.Sharding), ids=lambda s: s.name)
+@pytest.mark.parametrize("strategy", list(sharding.Sharding), ids=lambda s: s.name)
 @pytest.mark.parametrize("vocab, num_hosts", CASES)
-def test_cpp_routing_and_python_checkpoints_agree(lib, sharding, vocab, num_hosts):
+def test_cpp_routing_and_python_twin_agree(lib, strategy, vocab, num_hosts):
     del lib
     rng = np.random.default_rng(vocab % 1000 + num_hosts)
     ids = rng.integers(0, vocab, 200).astype(np.int64)
     ids[:2] = [0, vocab - 1]
     for form in ("bags", "rows"):
-        parts = route(ids, vocab, num_hosts, sharding, form)
+        parts = route(ids, vocab, num_hosts, strategy, form)
         seen = []
         for k, (got_form, lengths, local) in enumerate(parts):
             assert got_form == (0 if form == "bags" else 1)
-            rows = ckpt.rows_in_shard(vocab, num_hosts, k)
+            rows = sharding.rows_in_shard(vocab, num_hosts, k)
             assert np.all((local >= 0) & (local < rows)), (k, local, rows)
-            global_ids = ckpt.global_rows(vocab, num_hosts, k, sharding, local)
+            global_ids = sharding.global_rows(vocab, num_hosts, k, strategy, local)
             if form == "bags":
                 # One id a position: host k's ids, in the batch's order.
                 assert np.all(lengths == 1)

@@ -2,8 +2,9 @@
 distributed runtime (see README "Running on several machines").
 
 `hosts` is the process/infrastructure layer (the cluster object, connection,
-health checks, error translation); `checkpoint` converts table layouts between
-whole tables and S host shards; `routing` splits a replica's batch per host
-and `sharded` is the cross-host data path of one model."""
+health checks, error translation); `routing` splits a replica's batch per host
+and `sharded` is the cross-host data path of one model.  The shard
+arithmetic (whole tables <-> S host shards) is `tf_tpu_emb.sharding`, outside
+this package: single-process users need it too and must not load this one."""
 from tf_tpu_emb.cluster.hosts import EmbeddingHosts
 from tf_tpu_emb.cluster.routing import FeatureRoute, Router  # noqa: F401

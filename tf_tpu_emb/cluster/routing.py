@@ -2,7 +2,7 @@
 
 With ``num_hosts`` = S, host k's engine (``ConfigureTPUEmbeddingHostShard``)
 holds shard k of every table (``core/sharding.h``; the same layout as
-:mod:`tf_tpu_emb.cluster.checkpoint`).  A :class:`Router` names the model's
+:mod:`tf_tpu_emb.sharding`).  A :class:`Router` names the model's
 router in this process (``engine/routing.h``) and builds its three worker
 ops, which run in the caller's step (one per replica and phase):
 

@@ -11,7 +11,7 @@ its job, engine replica r = the task's CPU device r) the way
 * ``load`` / ``retrieve``: a whole table (TF's TPU-embedding layout, the same
   whatever S) cut into the S shards of the config's sharding strategy and
   loaded with ``num_shards=S, shard_id=k``, and reassembled after retrieval
-  (``tf_tpu_emb.cluster.checkpoint``);
+  (``tf_tpu_emb.sharding``);
 * ``enqueue``: the worker's router (:mod:`tf_tpu_emb.cluster.routing`)
   checks the replica's batch and packs, per host, only what its rows need;
   each host enqueues its packed part (``EnqueueTPUEmbeddingRoutedBatch``);
@@ -39,7 +39,7 @@ from tf_tpu_emb import engine_registry
 from tf_tpu_emb import layout as layout_lib
 from tf_tpu_emb import ops
 from tf_tpu_emb import send as send_lib
-from tf_tpu_emb.cluster import checkpoint
+from tf_tpu_emb import sharding
 from tf_tpu_emb.cluster import lease
 from tf_tpu_emb.cluster import ordering
 from tf_tpu_emb.cluster import routing
@@ -76,7 +76,7 @@ class ShardedEngine(backend.Backend):
         self.hosts = hosts
         self.config = config
         self.num_hosts = hosts.num_hosts
-        self.sharding = checkpoint.sharding_of(proto.sharding_strategy)
+        self.sharding = sharding.sharding_of(proto.sharding_strategy)
         self.features = list(features)
         # The worker's router, named after the engine (configure / attach).
         self.router = None
@@ -253,7 +253,7 @@ class ShardedEngine(backend.Backend):
         done on every host when it returns)."""
         values = [tf.convert_to_tensor(v) for v in values]
         for k in range(self.num_hosts):
-            shards = [checkpoint.shard_rows(v, self.num_hosts, k, self.sharding) for v in values]
+            shards = [sharding.shard_rows(v, self.num_hosts, k, self.sharding) for v in values]
             with tf.device(self._device(k)):
                 ordering.per_host(handles.load(*shards, num_shards=self.num_hosts,
                                                shard_id=k, table_name=table_name,
@@ -269,7 +269,7 @@ class ShardedEngine(backend.Backend):
                     handles.retrieve(num_shards=self.num_hosts, shard_id=k,
                                      table_name=table_name, engine=self.engine), k)
             per_host.append([values] if isinstance(values, tf.Tensor) else list(values))
-        return [checkpoint.assemble([h[i] for h in per_host], self.sharding)
+        return [sharding.assemble([h[i] for h in per_host], self.sharding)
                 for i in range(len(per_host[0]))]
 
     # ---------------------------------------------------------- the step

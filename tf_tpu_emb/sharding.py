@@ -1,8 +1,12 @@
-"""Table layouts across host counts: a whole table <-> S host shards.
+"""The host-sharding arithmetic, and table layouts across host counts: a
+whole table <-> S host shards.
 
-The one Python home of the host-sharding arithmetic (its C++ twin, for the
-data path, is ``core/sharding.h``; ``tests/cluster/test_shard_arithmetic.py``
-checks that the two agree).  A checkpoint holds every table (and optimizer
+The one Python home of the host-sharding arithmetic, the twin of
+``core/sharding.h`` (the C++ data path's; ``tests/cluster/test_shard_arithmetic.py``
+checks that the two agree).  It sits outside ``tf_tpu_emb.cluster`` and imports
+only numpy (TensorFlow when given tensors), so a single-process user (the
+per-shard table views of ``table_views.py``) loads none of the cluster
+package (``tests/api/test_lazy_cluster.py``).  A checkpoint holds every table (and optimizer
 slot) whole, in TF's TPU-embedding layout, whatever the number of embedding
 hosts; host k of S holds shard k.  The row layout of a shard is TF's
 (docs/tpu_embedding_semantics.md §2.7, "Sharding order inside a shard"):
