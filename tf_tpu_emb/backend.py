@@ -1,7 +1,8 @@
 """The engine behind a :class:`tf_tpu_emb.TPUEmbedding`: one interface, two kinds.
 
-``TPUEmbedding.build`` picks the backend once and then only calls these
-methods (``TPUEmbedding`` never asks which kind it has):
+``TPUEmbedding.build`` gets its backend once from
+:func:`tf_tpu_emb.backend_factory.create` and then only calls these methods
+(``TPUEmbedding`` never asks which kind it has):
 
 * :class:`LocalEngine`: an engine of this process, under an engine name of
   the owning object's own (README "Several engines per process");

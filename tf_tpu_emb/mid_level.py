@@ -40,10 +40,11 @@ a TPU it drives this library's CPU engine:
   replicas (keep it in sync with a multi-worker strategy, as for any
   data-parallel model).  Checkpoints stay whole tables.
 
-This module is one concept, TF's ``TPUEmbedding`` surface, and at about 720
-lines it is over the ~600-line mark on purpose: the parts that are not the
-class's own contract already live elsewhere (the engine(s) behind it in
-``backend`` and ``cluster.sharded``, shape rules in ``layout``, input
+This module is one concept, TF's ``TPUEmbedding`` surface, and it is over
+the ~600-line mark on purpose (its size is ``wc -l``'s to tell, not this
+docstring's): the parts that are not the class's own contract already live
+elsewhere (the engine(s) behind it in ``backend``, ``backend_factory`` and
+``cluster.sharded``, shape rules in ``layout``, input
 conversion in ``enqueue_inputs``, host variables in ``host_variables``, the
 Send in ``send``, engine ownership in ``engine_registry``, table descriptors
 in ``optimizers``).
@@ -63,7 +64,7 @@ from tensorflow.python.trackable import autotrackable
 from tensorflow.python.trackable import data_structures
 from tensorflow.python.util import nest
 
-from tf_tpu_emb import backend as backend_lib
+from tf_tpu_emb import backend_factory
 from tf_tpu_emb import enqueue_inputs
 from tf_tpu_emb import gradients as gradients_lib
 from tf_tpu_emb import host_variables
@@ -336,24 +337,20 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                 raise
 
     def _configure(self, takeover=False, engine=None):
-        """Chooses the backend (the one place that knows the kinds) and
-        configures it: an engine of this object's own (README "Several
+        """Gets the backend (``backend_factory.create``, the one place that
+        knows the kinds) and configures it: an engine of this object's own (README "Several
         engines per process": other TPUEmbedding objects and the default
         engine are untouched), or (``cluster=``) every host's shard; a
         worker other than 0 attaches to the engines worker 0 configured.
         ``engine``: the name a local engine must have (the stand-in TPU
         system's), else a pooled one of its own."""
-        if self._cluster is None:
-            self._backend = backend_lib.LocalEngine(self._config, self._combiners, owner=self,
-                                                    name=engine)
-        else:
-            from tf_tpu_emb.cluster import sharded  # pylint: disable=import-outside-toplevel
-            self._backend = sharded.ShardedEngine(self._cluster, self._config, [
-                sharded.routing.FeatureRoute(path, shape.as_list(), f.table.vocabulary_size,
-                                             f.table.combiner)
-                for path, f, shape in zip(self._paths, self._flat_features,
-                                          self._output_shapes)],
-                replica_offset=self._worker * self._num_replicas, owner=self)
+        self._backend = backend_factory.create(
+            self._config, owner=self, combiners=self._combiners, engine=engine,
+            cluster=self._cluster, replica_offset=self._worker * self._num_replicas,
+            features=[backend_factory.Feature(path, shape.as_list(), f.table.vocabulary_size,
+                                              f.table.combiner)
+                      for path, f, shape in zip(self._paths, self._flat_features,
+                                                self._output_shapes)])
         # Collected without shutdown: the backend lets go without ops.
         self._abandon = weakref.finalize(self, self._backend.abandon)
         if self._worker == 0:
