@@ -5,8 +5,10 @@ entry points (``python -m tf_tpu_emb.demo --help``, ``python -m
 tf_tpu_emb.server``) answer and set TensorFlow's log level before TensorFlow
 loads.  The public names below are imported on first access.  The op library
 is loaded lazily on first use (see :func:`load_library`), and loading it also
-imports :mod:`tf_tpu_emb.gradients`, which registers the gradient of
-``TfTpuEmb>TPUEmbeddingActivations``.
+registers the gradient of ``TfTpuEmb>TPUEmbeddingActivations``
+(:func:`tf_tpu_emb.activation_gradient.register`, called by ``_loader``;
+:mod:`tf_tpu_emb.gradients`, TF1's helper module and TF2's ``hook_step``,
+only re-exports its collection names).
 """
 import importlib
 
