@@ -10,7 +10,9 @@
 // (queues, in-flight batches, the step protocol and Recv's asynchronous
 // wait on its StepBarrier),
 // lookup.cc (forward), apply.cc (backward), input_mappers.{h,cc} and
-// feature_batch_mapper.cc over mapper_base.h (enqueue inputs -> Batch).
+// feature_batch_mapper.cc over mapper_base.h (enqueue inputs -> Batch),
+// interrupts_and_c_api.cc (the library's C entry points and the SIGINT
+// handler that ends the waits).
 #ifndef TF_TPU_EMB_ENGINE_ENGINE_H_
 #define TF_TPU_EMB_ENGINE_ENGINE_H_
 
@@ -214,8 +216,8 @@ class Engine : public ::tensorflow::ResourceBase {
   void CancelWaits(const std::string& reason);
   // Ends the waits present now with Cancelled(reason); later ones wait.
   void InterruptWaits(const std::string& reason);
-  // Ends the present waits of every engine of the process (engine/step.cc's
-  // SIGINT watcher, the Python side when the main thread exits).
+  // Ends the present waits of every engine of the process (the SIGINT
+  // watcher of engine/interrupts_and_c_api.cc).
   static void InterruptAllWaits(const std::string& reason);
   // From now on no wait of any engine lasts more than `grace_seconds`
   // (step_barrier.h's WaitsClosing: the program's main thread has finished).

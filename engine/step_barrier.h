@@ -4,7 +4,7 @@
 // the condition holds.  No wait outlasts the timeout (README "Waits":
 // TF_TPU_EMB_STEP_TIMEOUT_SECONDS, default 60 s), ShutdownTPUEmbedding
 // cancels every present and future wait at once, and Interrupt ends the
-// present ones (Ctrl-C, the main thread's exit: engine/step.cc).  One
+// present ones (Ctrl-C: engine/interrupts_and_c_api.cc).  One
 // process-wide DeadlineTimer thread serves the timeouts of every waiter of
 // every engine; ActiveWaits() counts the waiters of every engine.
 //

@@ -190,21 +190,3 @@ bool RegisterKernels() {
 }  // namespace
 }  // namespace kernels
 }  // namespace tf_tpu_emb
-
-// C entry points for the Python package (ctypes, tf_tpu_emb/engine_registry.py):
-// releasing an engine from a finalizer must create no TF op (it may run on
-// any thread, inside another thread's tf.function trace).
-extern "C" {
-
-__attribute__((visibility("default"))) void TfTpuEmbReleaseEngine(const char* name) {
-  try {
-    tf_tpu_emb::Engine::Shutdown(name == nullptr ? "" : name);
-  } catch (...) {  // nothing may cross the C boundary
-  }
-}
-
-__attribute__((visibility("default"))) int64_t TfTpuEmbLiveStateBytes() {
-  return tf_tpu_emb::Engine::LiveStateBytes();
-}
-
-}  // extern "C"

@@ -11,7 +11,7 @@ engine; nothing else keeps engine-ownership state.
 **Lifetime** (issue 24).  An owner's engine is released by :func:`release`
 (``TPUEmbedding.shutdown``) or, when the owner is garbage collected, by a
 ``weakref.finalize`` callback.  Both go through the library's C entry point
-``TfTpuEmbReleaseEngine`` (kernels/system_kernels.cc, called with ctypes),
+``TfTpuEmbReleaseEngine`` (engine/interrupts_and_c_api.cc, called with ctypes),
 not through a TF op: a finalizer runs on whatever thread the collector runs
 on, possibly in the middle of another thread's ``tf.function`` trace, where an
 op would be added to that graph instead of running (the engine leaked, and

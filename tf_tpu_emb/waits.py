@@ -78,12 +78,6 @@ def _end_waits_after_main_thread():
     _library.TfTpuEmbCloseWaits(EXIT_GRACE_SECONDS)
 
 
-def interrupt_waits(reason):
-    """Ends every present wait of every engine with ``Cancelled(reason)``."""
-    if _library is not None:
-        _library.TfTpuEmbInterruptWaits(reason.encode())
-
-
 _NOTIFY_CALLBACK = _NOTIFY_TYPE(_notify)
 _PENDING_CALLBACK = _PENDING_TYPE(_pending)
 _PENDING_ADDRESS = ctypes.cast(_PENDING_CALLBACK, ctypes.c_void_p).value
@@ -96,7 +90,6 @@ def install(library_path):
         if _library is not None:
             return
         library = ctypes.CDLL(library_path)  # the loaded library: dlopen shares it
-        library.TfTpuEmbInterruptWaits.argtypes = [ctypes.c_char_p]
         library.TfTpuEmbCloseWaits.argtypes = [ctypes.c_double]
         library.TfTpuEmbInstallInterruptHandler.argtypes = [_NOTIFY_TYPE]
         _library = library

@@ -73,7 +73,7 @@ TEST(StepBarrierCancelEndsTheWait) {
   EXPECT_TRUE(!barrier.HasWaiter(1));
 }
 
-// Ctrl-C (engine/step.cc): Interrupt ends the waits present now, and later
+// Ctrl-C (engine/interrupts_and_c_api.cc): Interrupt ends the waits present now, and later
 // waits wait as usual; ActiveWaits (what the SIGINT handler reads) counts
 // every registered waiter until it is claimed.
 TEST(StepBarrierInterruptEndsOnlyPresentWaits) {
