@@ -136,8 +136,7 @@ class EnqueueOp : public OpKernel {
       }
       ordinal = t->flat<int32_t>()(0);
     }
-    *replica = ordinal < 0 ? DeviceReplica(ctx) : static_cast<int>(ordinal);
-    return ReplicaInRange(op_, *replica, e);
+    return ServedReplica(ctx, op_, e, ordinal, replica);
   }
 
   const std::string op_;
@@ -229,9 +228,8 @@ class EnqueueRoutedOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     EngineRef engine;
-    OP_REQUIRES_OK(ctx, engine.Acquire(ctx, op_));
-    const int replica = device_ordinal_ < 0 ? DeviceReplica(ctx) : device_ordinal_;
-    OP_REQUIRES_OK(ctx, ReplicaInRange(op_, replica, *engine));
+    int replica = 0;
+    OP_REQUIRES_OK(ctx, engine.AcquireForReplica(ctx, op_, &replica, device_ordinal_));
     EnqueueInputs in;
     in.ids = {&ctx->input(0)};
     Batch batch;

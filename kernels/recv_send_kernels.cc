@@ -88,10 +88,8 @@ class RecvOp : public AsyncOpKernel {
   // Engine, replica, the config's agreement with the op's, the outputs
   // (allocated before the wait: a failed allocation must not lose a batch).
   absl::Status Prepare(OpKernelContext* ctx, Call* call) const {
-    TF_RETURN_IF_ERROR(call->engine.Acquire(ctx, op_));
+    TF_RETURN_IF_ERROR(call->engine.AcquireForReplica(ctx, op_, &call->replica));
     const Engine& engine = *call->engine;
-    call->replica = DeviceReplica(ctx);
-    TF_RETURN_IF_ERROR(ReplicaInRange(op_, call->replica, engine));
     if (kRouted) return absl::OkStatus();
     const auto& outs = engine.outputs();
     if (ctx->num_outputs() != static_cast<int>(outs.size()) || shapes_.size() != outs.size()) {
@@ -171,9 +169,8 @@ class SendOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     EngineRef engine;
-    OP_REQUIRES_OK(ctx, engine.Acquire(ctx, op_));
-    const int replica = DeviceReplica(ctx);
-    OP_REQUIRES_OK(ctx, ReplicaInRange(op_, replica, *engine));
+    int replica = 0;
+    OP_REQUIRES_OK(ctx, engine.AcquireForReplica(ctx, op_, &replica));
     std::vector<Tensor> gradients;
     std::vector<float> rates;
     const absl::Status status = Validate(ctx, *engine, &gradients, &rates);
@@ -263,9 +260,8 @@ class SendRoutedOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     EngineRef engine;
-    OP_REQUIRES_OK(ctx, engine.Acquire(ctx, op_));
-    const int replica = DeviceReplica(ctx);
-    OP_REQUIRES_OK(ctx, ReplicaInRange(op_, replica, *engine));
+    int replica = 0;
+    OP_REQUIRES_OK(ctx, engine.AcquireForReplica(ctx, op_, &replica));
     std::vector<int64_t> floats;
     int64_t sequence = 0;
     OP_REQUIRES_OK(ctx, engine->InFlightGradientFloats(replica, &floats, &sequence));
@@ -477,9 +473,8 @@ class AssertEnqueuedOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     EngineRef engine;
-    OP_REQUIRES_OK(ctx, engine.Acquire(ctx, op_));
-    const int replica = DeviceReplica(ctx);
-    OP_REQUIRES_OK(ctx, ReplicaInRange(op_, replica, *engine));
+    int replica = 0;
+    OP_REQUIRES_OK(ctx, engine.AcquireForReplica(ctx, op_, &replica));
     OP_REQUIRES(ctx, engine->HasPendingBatch(replica),
                 absl::FailedPreconditionError(absl::StrCat(
                     operation_, " on replica ", replica,

@@ -91,6 +91,15 @@ inline absl::Status ReplicaInRange(const std::string& op, int replica, const Eng
   return absl::OkStatus();
 }
 
+// The replica a kernel serves: `device_ordinal` (an enqueue op's) when >= 0,
+// else its device's (DeviceReplica); InvalidArgument when `e` has no such
+// replica.
+inline absl::Status ServedReplica(::tensorflow::OpKernelContext* ctx, const std::string& op,
+                                  const Engine& e, int64_t device_ordinal, int* replica) {
+  *replica = device_ordinal < 0 ? DeviceReplica(ctx) : static_cast<int>(device_ordinal);
+  return ReplicaInRange(op, *replica, e);
+}
+
 // The intra-op thread pool of the kernel's device.
 inline ::tsl::thread::ThreadPool* CpuPool(::tensorflow::OpKernelContext* ctx) {
   return ctx->device()->tensorflow_cpu_worker_threads()->workers;
@@ -113,6 +122,13 @@ class EngineRef {
     TF_RETURN_IF_ERROR(Engine::Current(op, &e, EngineName(ctx->op_kernel().def())));
     ref_.reset(e);
     return absl::OkStatus();
+  }
+  // The kernels' common preamble: Acquire, then the replica the kernel serves
+  // (ServedReplica; `device_ordinal` -1: its device's).
+  absl::Status AcquireForReplica(::tensorflow::OpKernelContext* ctx, const std::string& op,
+                                 int* replica, int64_t device_ordinal = -1) {
+    TF_RETURN_IF_ERROR(Acquire(ctx, op));
+    return ServedReplica(ctx, op, *ref_, device_ordinal, replica);
   }
   Engine* operator->() const { return ref_.get(); }
   Engine& operator*() const { return *ref_; }
