@@ -171,7 +171,7 @@ def run_v0():
 
 
 def run_keras():
-    from tf_tpu_emb.keras.v0_layers import TPUEmbeddingV0Layer, fix_distributed_fit  # noqa: E402
+    from tf_tpu_emb.keras import TPUEmbeddingV0Layer, fix_distributed_fit  # noqa: E402
 
     def make_model():
         inputs = {"watched": keras.Input(shape=(3,), sparse=True, dtype="int64", name="watched"),

@@ -10,7 +10,7 @@
 * :func:`release_engine` / :func:`engine_owner` -- each layer holds an engine of its own.
 * :func:`fix_distributed_fit` -- lets ``fit``/``evaluate``/``predict`` under a
   ``tf.distribute`` strategy take SparseTensor/RaggedTensor inputs (a Keras 3
-  workaround, from :mod:`tf_tpu_emb.keras.v0_layers`; both layers apply it to
+  workaround, from :mod:`tf_tpu_emb.keras.distributed_fit`; both layers apply it to
   the models containing them by themselves).
 * :class:`TPUEmbeddingV0Layer` / :func:`export_serving_v0` -- the plain-variable
   (``TPUEmbeddingV0``) layer, trained by the model's Keras optimizer (see
@@ -47,8 +47,8 @@ from tf_tpu_emb.keras.config import deserialize_feature_config, serialize_featur
 from tf_tpu_emb.keras.export import export_serving, input_signature_of, serving_module
 from tf_tpu_emb.keras.layers import (TPUEmbeddingLayer, engine_owner, release_engine,
                                      stock_lookup)
-from tf_tpu_emb.keras.v0_layers import (TPUEmbeddingV0Layer, export_serving_v0,
-                                        fix_distributed_fit)
+from tf_tpu_emb.keras.distributed_fit import fix_distributed_fit
+from tf_tpu_emb.keras.v0_layers import TPUEmbeddingV0Layer, export_serving_v0
 
 __all__ = ["TPUEmbeddingLayer", "export_serving", "serving_module", "input_signature_of",
            "release_engine",

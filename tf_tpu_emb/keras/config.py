@@ -39,7 +39,7 @@ from tensorflow.python.tpu import tpu_embedding_v2_utils as v2_utils
 from tf_tpu_emb import optimizers as optimizers_lib
 
 __all__ = ["serialize_feature_config", "deserialize_feature_config",
-           "serialize_optimizer", "deserialize_optimizer", "FORMAT_KEY"]
+           "serialize_optimizer", "deserialize_optimizer", "layer_arguments", "FORMAT_KEY"]
 
 #: Marks a dict produced by :func:`serialize_feature_config`.
 FORMAT_KEY = "tf_tpu_emb_feature_config"
@@ -295,3 +295,18 @@ def deserialize_feature_config(config):
     features = node(config["features"])
     optimizer = deserialize_optimizer(config.get("optimizer"), callables)
     return features, optimizer
+
+
+def layer_arguments(feature_config, optimizer):
+    """A layer constructor's ``(feature_config, optimizer)`` as objects: both
+    layers take either TF's objects or their serialised forms (what
+    ``get_config`` wrote).  A serialised feature config carries the global
+    optimizer, used when `optimizer` is None; a serialised `optimizer` is
+    deserialised."""
+    if isinstance(feature_config, dict) and FORMAT_KEY in feature_config:
+        feature_config, saved_optimizer = deserialize_feature_config(feature_config)
+        if optimizer is None:
+            optimizer = saved_optimizer
+    if isinstance(optimizer, dict):
+        optimizer = deserialize_optimizer(optimizer)
+    return feature_config, optimizer

@@ -41,7 +41,7 @@ features and dequeues their activations (one step of the engine):
   symbolic build averages the first batch across replicas and fails before
   any layer runs): the layer's constructor installs
   :func:`tf_tpu_emb.keras.fix_distributed_fit` for every model that contains
-  a tf_tpu_emb layer (``v0_layers.install_distributed_fit_fix``).  Outside ``strategy.run`` (a direct ``model(x)``
+  a tf_tpu_emb layer (``distributed_fit.install_distributed_fit_fix``).  Outside ``strategy.run`` (a direct ``model(x)``
   under a multi-replica strategy) there is no engine queue to feed: inference
   calls there look up the layer's (engine-refreshed) weights with stock ops,
   training calls raise.
@@ -106,9 +106,9 @@ from tf_tpu_emb import mid_level
 from tf_tpu_emb import signatures as signatures_lib
 from tf_tpu_emb import structure
 from tf_tpu_emb.keras import config as config_lib
+from tf_tpu_emb.keras import distributed_fit
 from tf_tpu_emb.keras import inputs as inputs_lib
 from tf_tpu_emb.keras import mirrors as mirrors_lib
-from tf_tpu_emb.keras import v0_layers
 
 try:  # Keras-internal: Keras' symbolic traces.
     from keras.src.backend.common.symbolic_scope import in_symbolic_scope
@@ -196,14 +196,8 @@ class TPUEmbeddingLayer(keras.layers.Layer):
         super().__init__(**kwargs)
         self._cluster_options = {} if cluster is None else dict(
             cluster=cluster, sharding_strategy=sharding_strategy)
-        v0_layers.install_distributed_fit_fix()
-        if isinstance(feature_config, dict) and config_lib.FORMAT_KEY in feature_config:
-            feature_config, saved_optimizer = config_lib.deserialize_feature_config(
-                feature_config)
-            if optimizer is None:
-                optimizer = saved_optimizer
-        elif isinstance(optimizer, dict):
-            optimizer = config_lib.deserialize_optimizer(optimizer)
+        distributed_fit.install_distributed_fit_fix()
+        feature_config, optimizer = config_lib.layer_arguments(feature_config, optimizer)
         flat = nest.flatten(feature_config)
         if not flat:
             raise ValueError("feature_config has no FeatureConfig.")

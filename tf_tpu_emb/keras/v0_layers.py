@@ -4,8 +4,8 @@ The layer's tables are ordinary Keras weights (``trainable_weights``), so
 ``model.fit`` trains them with the *model's* optimizer, on the default
 strategy or under ``MirroredStrategy`` (create the model in
 ``strategy.scope()``; sparse or ragged inputs there need
-:func:`fix_distributed_fit`, a Keras 3 workaround the layers apply by
-themselves, see :func:`install_distributed_fit_fix`).  Inputs are
+:func:`tf_tpu_emb.keras.fix_distributed_fit`, a Keras 3 workaround the layers
+apply by themselves, see :mod:`tf_tpu_emb.keras.distributed_fit`).  Inputs are
 the nested feature structure of ``feature_config`` (dense, ``tf.SparseTensor``
 or ``tf.RaggedTensor`` ids per feature), optionally with a ``weights``
 structure; lookups use the fused ``embedding_bag`` op, and the tables'
@@ -28,7 +28,6 @@ that the serving lookup drops ids < 0 and, for mean/sqrtn, entries with
 weight <= 0 (``FeatureConfig.validate_weights_and_indices``).
 """
 import contextlib
-import functools
 import threading
 
 import keras
@@ -39,6 +38,8 @@ from tf_tpu_emb import layout as layout_lib
 from tf_tpu_emb import signatures as signatures_lib
 from tf_tpu_emb import structure
 from tf_tpu_emb.keras import config as config_lib
+from tf_tpu_emb.keras import distributed_fit
+from tf_tpu_emb.keras.distributed_fit import fix_distributed_fit  # noqa: F401 (its old home)
 from tf_tpu_emb.v0 import TPUEmbeddingV0
 
 __all__ = ["TPUEmbeddingV0Layer", "export_serving_v0", "serving_lookups", "fix_distributed_fit"]
@@ -91,14 +92,8 @@ class TPUEmbeddingV0Layer(keras.layers.Layer):
 
     def __init__(self, feature_config, optimizer=None, **kwargs):
         super().__init__(**kwargs)
-        install_distributed_fit_fix()
-        if isinstance(feature_config, dict) and config_lib.FORMAT_KEY in feature_config:
-            feature_config, saved_optimizer = config_lib.deserialize_feature_config(
-                feature_config)
-            if optimizer is None:
-                optimizer = saved_optimizer
-        if isinstance(optimizer, dict):
-            optimizer = config_lib.deserialize_optimizer(optimizer)
+        distributed_fit.install_distributed_fit_fix()
+        feature_config, optimizer = config_lib.layer_arguments(feature_config, optimizer)
         self._embedding_optimizer = optimizer
         # TPUEmbeddingV0 gives tables without optimizer the layer's one in
         # place; remember which had none (or had the layer's), for get_config.
@@ -184,117 +179,7 @@ class TPUEmbeddingV0Layer(keras.layers.Layer):
 
     @classmethod
     def from_config(cls, config):
-        config = dict(config)
-        feature_config, optimizer = config_lib.deserialize_feature_config(
-            config.pop("feature_config"))
-        return cls(feature_config, optimizer=optimizer, **config)
-
-
-# ------------------------------------------------- distributed fit (Keras bug)
-
-def fix_distributed_fit(model):
-    """Lets ``model.fit/evaluate/predict`` under a ``tf.distribute`` strategy
-    take SparseTensor / RaggedTensor inputs (returns ``model``).
-
-    Keras 3 (TF backend), before the first step under a strategy, averages the
-    first distributed batch across replicas (``strategy.reduce("MEAN")``,
-    which fails on composite tensors: "'SparseTensor' object has no attribute
-    'device'") and then traces the model on *dense* symbolic stand-ins of the
-    inputs.  This replaces that build step, on this model instance, by one
-    that calls the model on the first replica's actual batch (composite
-    tensors intact) and builds the compiled loss, metrics and the optimizer
-    from the output shapes, as Keras does.  Without a strategy, and for
-    models whose inputs are all dense, Keras' own step runs unchanged.
-    """
-    original = model._maybe_symbolic_build  # pylint: disable=protected-access
-
-    def _maybe_symbolic_build(iterator=None, data_batch=None):
-        return _composite_aware_build(model, original, iterator, data_batch)
-
-    object.__setattr__(model, "_maybe_symbolic_build", _maybe_symbolic_build)
-    return model
-
-
-_auto_fix_lock = threading.Lock()
-_auto_fix_installed = False
-
-
-def install_distributed_fit_fix():
-    """Applies :func:`fix_distributed_fit` automatically (called by the
-    layers' constructors; idempotent): ``keras.Model``'s symbolic build step
-    takes the composite-aware path for every model that contains a
-    tf_tpu_emb layer (``TPUEmbeddingLayer`` / ``TPUEmbeddingV0Layer``) and runs
-    under a strategy; every other model keeps Keras' own step unchanged."""
-    global _auto_fix_installed
-    with _auto_fix_lock:
-        if _auto_fix_installed:
-            return
-        original = keras.Model._maybe_symbolic_build  # pylint: disable=protected-access
-
-        def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-            if getattr(self, "_distribute_strategy", None) is not None and any(
-                    getattr(layer, "_tf_tpu_emb_layer", False)
-                    for layer in self._flatten_layers()):  # pylint: disable=protected-access
-                return _composite_aware_build(
-                    self, functools.partial(original, self), iterator, data_batch)
-            return original(self, iterator=iterator, data_batch=data_batch)
-
-        keras.Model._maybe_symbolic_build = _maybe_symbolic_build  # pylint: disable=protected-access
-        _auto_fix_installed = True
-
-
-def _composite_aware_build(model, original, iterator, data_batch):
-    """The symbolic build step of :func:`fix_distributed_fit`; ``original``
-    is Keras' own (bound to ``model``)."""
-    from keras.src import backend as keras_backend  # pylint: disable=import-outside-toplevel
-
-    strategy = model._distribute_strategy  # pylint: disable=protected-access
-    if strategy is None:
-        return original(iterator=iterator, data_batch=data_batch)
-    batch = data_batch
-    if iterator is not None:
-        for _, _, it in iterator:
-            batch = next(it)  # fit/evaluate/predict reset the iterator afterwards
-            break
-
-    def local(v):
-        if isinstance(v, tf.distribute.DistributedValues):
-            return strategy.experimental_local_results(v)[0]
-        return v
-
-    flat = tf.nest.flatten(batch)
-    if not any(isinstance(local(v), (tf.SparseTensor, tf.RaggedTensor)) for v in flat):
-        # All dense: Keras' own step (average of the replicas' batches).
-        if all(isinstance(v, tf.distribute.DistributedValues) for v in flat):
-            batch = strategy.reduce("MEAN", batch, axis=None)
-        return original(data_batch=batch)
-    data_batch = tf.nest.map_structure(local, batch)
-    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data_batch)
-
-    def spec(t):
-        return None if t is None else keras.KerasTensor(t.shape, t.dtype)
-
-    with strategy.scope():
-        metrics = model._compile_metrics  # pylint: disable=protected-access
-        loss = model._compile_loss  # pylint: disable=protected-access
-        metrics_unbuilt = metrics is not None and not metrics.built
-        loss_unbuilt = loss is not None and not loss.built
-        if (metrics_unbuilt or loss_unbuilt
-                or not all(layer.built for layer in model._flatten_layers())):  # pylint: disable=protected-access
-            y_pred = tf.nest.map_structure(spec, model(x, training=False))
-            y, sample_weight = (tf.nest.map_structure(spec, y),
-                                tf.nest.map_structure(spec, sample_weight))
-            if metrics_unbuilt:
-                keras_backend.compute_output_spec(model.compute_metrics, None, y, y_pred,
-                                                  sample_weight=sample_weight)
-            if loss_unbuilt:
-                keras_backend.compute_output_spec(model._compute_loss, None, y, y_pred,  # pylint: disable=protected-access
-                                                  sample_weight=sample_weight,
-                                                  training=False)
-        if model.optimizer is not None and not model.optimizer.built:
-            model.optimizer.build(model.trainable_variables)
-        model._post_build()  # pylint: disable=protected-access
-    return None
+        return cls(**config)  # the constructor deserialises (config.layer_arguments)
 
 
 # ------------------------------------------------------------------ export
