@@ -109,22 +109,29 @@ class TPUEmbeddingV0(tpu_embedding_base.TPUEmbeddingBase):
         which slot variables are created (through its
         ``slot_variable_creation_fn`` when set); the tables are trained by
         whatever optimizer the caller applies to the gradients.
+      variable_creator: optional ``fn(name, shape, initializer, trainable) ->
+        variable`` that creates the tables (``trainable=True``) and slots
+        (``name`` ``<table>/<slot>``, ``trainable=False``) instead of
+        ``tf.Variable`` (``TPUEmbeddingV0Layer`` makes them Keras weights).
     """
 
-    def __init__(self, feature_config, optimizer=None):
+    def __init__(self, feature_config, optimizer=None, *, variable_creator=None):
         super().__init__(feature_config, optimizer)
         self._strategy = tf.distribute.get_strategy()
-        # Optional ``fn(name, shape, initializer, trainable) -> variable`` used
-        # instead of tf.Variable (the Keras layer creates Keras weights).
-        self._variable_creator = None
+        self._variable_creator = variable_creator
         self._built = False
+
+    @property
+    def feature_config(self):
+        """The nested ``FeatureConfig`` structure this object was made with."""
+        return self._feature_config
 
     # -------------------------------------------------------------- variables
 
     @property
     def embedding_tables(self):
         """Returns a dict of embedding tables, keyed by ``TableConfig``."""
-        self._maybe_build()
+        self.ensure_built()
         return {table: self._variables[table.name]["parameters"]
                 for table in self._table_config}
 
@@ -162,7 +169,10 @@ class TPUEmbeddingV0(tpu_embedding_base.TPUEmbeddingBase):
             with self._strategy.scope():
                 super().build()
 
-    def _maybe_build(self):
+    def ensure_built(self):
+        """Builds once, from any context: inside ``strategy.run`` for all
+        replicas (``merge_call``), inside a ``tf.function`` trace outside it
+        (``init_scope``), as TF's V0 does on first use."""
         if self._built:
             return
         if tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context():
@@ -193,7 +203,7 @@ class TPUEmbeddingV0(tpu_embedding_base.TPUEmbeddingBase):
         Returns:
           The activations, in the structure of ``feature_config``.
         """
-        self._maybe_build()
+        self.ensure_built()
         nest.assert_same_structure(features, self._feature_config)  # TF's exact errors
 
         flat_inputs = nest.flatten(features)

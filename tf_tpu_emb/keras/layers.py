@@ -251,19 +251,19 @@ class TPUEmbeddingLayer(keras.layers.Layer):
     def weights(self):
         # Keras' get_weights/save paths read this: refresh the mirrors first.
         if getattr(self, "_state", None) is not None:
-            self._maybe_sync_from_engine()
+            self.sync_from_engine()
         return super().weights
 
     def table_variables(self):
         """``{table name: {state name: Keras weight}}`` (refreshed from the engine)."""
-        self._maybe_sync_from_engine()
+        self.sync_from_engine()
         return {t.name: dict(m) for t, m in zip(self._state.tables, self._state.mirrors)}
 
     @property
     def embedding_tables(self):
         """``{TableConfig: parameters tf.Variable}`` (refreshed from the engine), the
         interface of ``tf_tpu_emb.export_serving``."""
-        self._maybe_sync_from_engine()
+        self.sync_from_engine()
         return {t: dict(m)["parameters"].value
                 for t, m in zip(self._state.tables, self._state.mirrors)}
 
@@ -380,7 +380,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
         st = self._state
         if st.acquired:
             with tf.init_scope():
-                self._maybe_sync_from_engine(force=True)
+                self.sync_from_engine(force=True)
                 st.embedding.shutdown()
         st.acquired = False
 
@@ -394,8 +394,14 @@ class TPUEmbeddingLayer(keras.layers.Layer):
                 table = st.tables[tid]
                 st.embedding.load_table(table, [v.value for _, v in st.mirrors[tid]])
 
-    def _maybe_sync_from_engine(self, force=False):
-        """Engine -> mirrors, if a training step may have changed the tables."""
+    # The mirror protocol: public hooks for the table mirrors
+    # (mirrors.TableVariable) and the module's helpers (stock_lookup, export).
+
+    def sync_from_engine(self, force=False):
+        """Engine -> mirrors, if a training step may have changed the tables
+        (``force``: in any case).  A no-op where the engine's ops may not run
+        now (not eager, inside a replica context), while the layer writes its
+        mirrors itself, and without an engine configured by this layer."""
         st = self._state
         if not st.acquired or st.syncing or not mirrors_lib.eager_host_context():
             return
@@ -413,13 +419,25 @@ class TPUEmbeddingLayer(keras.layers.Layer):
                 st.syncing = False
             st.synced_at = steps
 
-    def _assign_state(self, var, value, assign):
-        """An eager assignment to a mirror: bring the table's other states up to
-        date, assign, write the table to the engine."""
-        self._maybe_sync_from_engine()
+    def assign_mirror(self, variable, value, assign):
+        """An assignment of `value` to `variable`, one of this layer's table
+        mirrors; ``assign(value)`` is the plain assignment.  Where the
+        engine's ops may run (eager, outside a replica context) and not while
+        the layer writes its mirrors itself: bring the table's other states
+        up to date, assign, write the table to the engine.  Elsewhere just
+        ``assign(value)``."""
+        if self._state.syncing or not mirrors_lib.eager_host_context():
+            return assign(value)
+        self.sync_from_engine()
         result = assign(value)
-        self._load_tables([var.table_id])
+        self._load_tables([variable.table_id])
         return result
+
+    def mirror_restored(self, variable):
+        """A checkpoint restored `variable`, one of this layer's table mirrors:
+        its table goes to the engine (where the engine's ops may run now)."""
+        if mirrors_lib.eager_host_context():
+            self._load_tables([variable.table_id])
 
     # ------------------------------------------------------------------ call
 
@@ -474,7 +492,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
             # export, and inference calls outside strategy.run under a
             # multi-replica strategy (no engine queue to feed there).
             if cross_replica:
-                self._maybe_sync_from_engine()
+                self.sync_from_engine()
             return self._stock_call(pack(flat_x), None if all(w is None for w in flat_w)
                                     else pack(flat_w))
         emb = self._acquire(flat_x)
@@ -613,7 +631,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
         st = self._state
         if not self.built:
             return
-        self._maybe_sync_from_engine()
+        self.sync_from_engine()
         for tid, dummy in enumerate(st.dummies):
             store["dummy_%d" % tid] = dummy.numpy()
         for tid, mirrors in enumerate(st.mirrors):
@@ -656,7 +674,7 @@ def stock_lookup(model_or_layers):
     else:
         layers = list(model_or_layers)
     for layer in layers:
-        layer._maybe_sync_from_engine()  # pylint: disable=protected-access
+        layer.sync_from_engine()
         layer._state.stock += 1  # pylint: disable=protected-access
     try:
         yield layers

@@ -27,6 +27,8 @@ class TableVariable(keras.Variable):
     A plain host variable (never a distributed one, whatever strategy is
     active).  Eager assignments are written through to the engine; reads of
     the owner's weights refresh it from the engine first (see the module doc).
+    The owner (a ``TPUEmbeddingLayer``) is reached through its public mirror
+    hooks only: ``assign_mirror``, ``sync_from_engine``, ``mirror_restored``.
     """
 
     def __init__(self, *args, owner=None, table_id=0, state="parameters", **kwargs):
@@ -45,19 +47,19 @@ class TableVariable(keras.Variable):
 
     def assign(self, value):
         owner = self._owner()
-        if owner is None or owner._state.syncing or not eager_host_context():  # pylint: disable=protected-access
+        if owner is None:
             return super().assign(value)
-        return owner._assign_state(self, value, super().assign)  # pylint: disable=protected-access
+        return owner.assign_mirror(self, value, super().assign)
 
     def _serialize_to_tensors(self):
         owner = self._owner()
         if owner is not None:
-            owner._maybe_sync_from_engine()  # pylint: disable=protected-access
+            owner.sync_from_engine()
         return super()._serialize_to_tensors()
 
     def _restore_from_tensors(self, restored_tensors):
         result = super()._restore_from_tensors(restored_tensors)
         owner = self._owner()
-        if owner is not None and eager_host_context():
-            owner._load_tables([self.table_id])  # pylint: disable=protected-access
+        if owner is not None:
+            owner.mirror_restored(self)
         return result

@@ -103,8 +103,8 @@ class TPUEmbeddingV0Layer(keras.layers.Layer):
             if table is not None and id(table) not in self._table_optimizers:
                 opt = table.optimizer
                 self._table_optimizers[id(table)] = None if opt is optimizer else opt
-        self._embedding = TPUEmbeddingV0(feature_config, optimizer)
-        self._embedding._variable_creator = self._create_weight  # pylint: disable=protected-access
+        self._embedding = TPUEmbeddingV0(feature_config, optimizer,
+                                         variable_creator=self._create_weight)
 
     @property
     def embedding(self):
@@ -113,7 +113,7 @@ class TPUEmbeddingV0Layer(keras.layers.Layer):
 
     @property
     def feature_config(self):
-        return self._embedding._feature_config  # pylint: disable=protected-access
+        return self._embedding.feature_config
 
     @property
     def embedding_tables(self):
@@ -131,7 +131,7 @@ class TPUEmbeddingV0Layer(keras.layers.Layer):
         del args, kwargs  # the tables do not depend on the input shapes
         if self.built:
             return
-        self._embedding._maybe_build()  # pylint: disable=protected-access
+        self._embedding.ensure_built()
         self.built = True
 
     def call(self, features, weights=None):
