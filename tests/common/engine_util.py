@@ -11,6 +11,7 @@ output positions) of bags, each bag a list of (id, weight) pairs.
 import contextlib
 import dataclasses
 import os
+import zlib
 from typing import Optional, Sequence, Tuple
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -232,6 +233,14 @@ def random_state(rng, table_desc):
     params = rng.standard_normal(shape).astype(np.float32)
     slots = [rng.uniform(0.1, 2.0, shape).astype(np.float32) for _ in info.slots]
     return [params] + slots
+
+
+def stable_seed(*parts):
+    """A data seed from a test case's parameters, the same in every process:
+    Python's hash() of a str is salted per process (PYTHONHASHSEED), so a
+    failure seeded by it could not be replayed (tests/api/test_replayable_seeds.py).
+    Put the seed in the assertion messages."""
+    return zlib.crc32(repr(parts).encode())
 
 
 def load_random_tables(config, seed=0):

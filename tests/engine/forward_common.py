@@ -2,7 +2,6 @@
 test_load_retrieve.py): the two-table scenario (three features, two of them
 on the video table) as a feature-descriptor and as a table-mode config, the
 sequence helpers, and a seed that is stable across processes."""
-import zlib
 
 import engine_util as eu
 from engine_util import FeatureSpec, TableSpec
@@ -11,9 +10,7 @@ from engine_util import FeatureSpec, TableSpec
 B = 4
 
 
-def _seed(*parts):
-    """A seed that is stable across processes (str hash is randomised)."""
-    return zlib.crc32(repr(parts).encode())
+_seed = eu.stable_seed
 
 
 def _tables(optimizer="adagrad", nf=(0, 0)):

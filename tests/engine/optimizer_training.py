@@ -16,7 +16,6 @@ compared with
 A test module that imports the autouse fixture ``_print_errors`` prints the
 maximum observed errors per case at its end (ERRORS lines; run with -s).
 """
-import zlib
 from typing import Dict, Tuple
 
 import numpy as np
@@ -384,6 +383,4 @@ def run_training(table_params, *, dynamic=lambda s: [], steps=STEPS, seed=0, use
     return got, want, tfs
 
 
-def zlib_seed(*parts):
-    """A seed stable across processes (str hash is randomised)."""
-    return zlib.crc32(repr(parts).encode())
+zlib_seed = eu.stable_seed
