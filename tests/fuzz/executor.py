@@ -382,11 +382,14 @@ class Executor:
             if self._blocks(r):
                 continue
             if r in self.maybe_aborted:
+                # The step may have been aborted for this replica: its next
+                # Recv returns the abort's error, or (not aborted) behaves as
+                # any Recv: a queued batch, or the wait for one times out.
+                # A Finding here (a Recv that succeeds with nothing queued,
+                # outputs of the wrong shape) is a real one: it propagates.
                 try:
                     self.op_recv(r)
                 except (tf.errors.AbortedError, tf.errors.DeadlineExceededError):
-                    pass
-                except Finding:
                     pass
             while self.queues[r]:
                 try:
