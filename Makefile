@@ -11,7 +11,8 @@ SRCS    = $(wildcard ops/*.cc engine/*.cc kernels/*.cc core/*.h engine/*.h kerne
 PYTEST_ARGS ?=
 
 .PHONY: all venv build test test-quick test-all cpp-test demo movielens bench bench-peers bazel-check bazel-install clean fuzz sanitize \
-        test-tf test-tfio lane-build tfio-build package-check clients-venv test-clients
+        test-tf test-tfio lane-build tfio-build package-check clients-venv test-clients \
+        docs docs-venv
 
 all: build
 
@@ -216,3 +217,25 @@ clients-venv: $(CLIENTS_VENV)/.deps
 
 test-clients: build clients-venv
 	cd $(CURDIR) && $(VENV)/bin/pytest $(CLIENTS_PYTEST) -m clients tests/clients $(PYTEST_ARGS)
+
+# ----------------------------------------------------------------------------
+# `make docs`: the documentation site (mkdocs.yml; pages in docs/, the API
+# reference generated from the docstrings by mkdocstrings) built with
+# --strict (a broken link, a missing reference or a docstring warning fails)
+# into out/site.  The tools live in $(DOCS_VENV), which shares this venv's
+# TensorFlow through a .pth file (as the client lane's does): the generated
+# optimizer classes and op wrappers are documented by importing them.
+DOCS_VENV ?= .venv-docs
+DOCS_REQ   = mkdocs==1.6.1 mkdocs-material==9.8.2 mkdocstrings==1.0.8 \
+             mkdocstrings-python==2.0.11 griffelib==2.4.1 ruff==0.17.6
+$(DOCS_VENV)/.deps: Makefile $(VENV)/.deps
+	rm -rf $(DOCS_VENV) && $(PYTHON) -m venv $(DOCS_VENV)
+	$(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > \
+	  "$$($(DOCS_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz_shared_tensorflow.pth"
+	$(DOCS_VENV)/bin/python -m pip install -q $(DOCS_REQ)
+	touch $@
+
+docs-venv: $(DOCS_VENV)/.deps
+
+docs: docs-venv
+	cd $(CURDIR) && NO_MKDOCS_2_WARNING=1 TF_CPP_MIN_LOG_LEVEL=3 $(DOCS_VENV)/bin/mkdocs build --strict
