@@ -35,15 +35,15 @@ $(VENV)/.built: $(VENV)/.deps $(SRCS)
 
 build: $(VENV)/.built
 
-# Test tiers (README "Tests and CI lanes"; markers in pyproject.toml): the
-# default lane is every test but the `slow` ones (soak, stress: the sanitizer
-# lane runs them) and the `clients` ones (the client lane), on PYTEST_JOBS
-# pytest-xdist workers (a test file stays on one worker: module fixtures such
-# as a loopback cluster are shared by its tests).  It includes the C++ unit
-# tests (tests/cpp/test_cpp_units.py builds and runs them; `make cpp-test`
-# runs only those).  `make test-quick`: no child processes, servers, demos
-# or compiles either (`system`), for a fast edit-test loop; `make test-all`:
-# everything but the client lane.
+# Test tiers (docs/contributing.md "Tests and CI lanes"; markers in
+# pyproject.toml): the default lane is every test but the `slow` ones (soak,
+# stress: the sanitizer lane runs them) and the `clients` ones (the client
+# lane), on PYTEST_JOBS pytest-xdist workers (a test file stays on one worker:
+# module fixtures such as a loopback cluster are shared by its tests).  It
+# includes the C++ unit tests (tests/cpp/test_cpp_units.py builds and runs
+# them; `make cpp-test` runs only those).  `make test-quick`: no child
+# processes, servers, demos or compiles either (`system`), for a fast
+# edit-test loop; `make test-all`: everything but the client lane.
 PYTEST_JOBS  ?= 2
 XDIST         = -n $(PYTEST_JOBS) --dist loadfile
 DURATIONS     = --durations=15
@@ -132,7 +132,7 @@ sanitize: venv
 # ----------------------------------------------------------------------------
 
 # ----------------------------------------------------------------------------
-# Other TensorFlow versions (README "TensorFlow versions").  `make test-tf`
+# Other TensorFlow versions (docs/install.md "TensorFlow versions").  `make test-tf`
 # builds the same sources against the TensorFlow of LANE_VENV (created with
 # LANE_REQ) in a copy of the tree under build/lanes/ -- the in-tree build
 # belongs to $(VENV) -- and runs the suite there, e.g.
@@ -166,8 +166,8 @@ lane-build: $(LANE_VENV)/.deps
 test-tf: lane-build
 	cd $(LANE_TREE) && PYTHONPATH=$(LANE_TREE) $(CURDIR)/$(LANE_VENV)/bin/pytest $(LANE_PYTEST) $(PYTEST_ARGS)
 
-# `make tfio-build`: the TF 2.16 + tensorflow-io environment alone (README
-# "Reading Parquet with tensorflow-io": run programs there with
+# `make tfio-build`: the TF 2.16 + tensorflow-io environment alone
+# (docs/guides/parquet.md: run programs there with
 # PYTHONPATH=build/lanes/.venv-tf216 .venv-tf216/bin/python ...).
 tfio-build:
 	$(MAKE) lane-build LANE_VENV=.venv-tf216 LANE_REQ='$(TFIO_REQ)'
@@ -189,7 +189,7 @@ package-check: venv
 	bash tools/package_check.sh $(CURDIR)/$(PY) $(CURDIR)/build/package-check
 
 # ----------------------------------------------------------------------------
-# The client lane (README "Running TPU programs unchanged"): the TPU-embedding
+# The client lane (docs/guides/tpu-unchanged.md): the TPU-embedding
 # libraries at their published releases in $(CLIENTS_VENV), which shares this
 # venv's TensorFlow through a .pth file (pip never replaces it:
 # tf-models-official is installed with --no-deps plus the few packages its
