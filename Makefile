@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 
 .PHONY: all venv build test test-quick test-all cpp-test demo movielens bench bench-peers bazel-check bazel-install clean fuzz sanitize \
         test-tf test-tfio lane-build tfio-build package-check clients-venv test-clients \
-        docs docs-venv
+        test-clients-all docs docs-venv
 
 all: build
 
@@ -195,9 +195,11 @@ package-check: venv
 # tf-models-official is installed with --no-deps plus the few packages its
 # ranking task needs; tools/clients_check.py checks TF's version and pip
 # check).  `make test-clients` runs tests/clients (marked `clients`; skipped
-# where the venv is absent): each client's TPU path on the engine against the
-# numpy optimizer reference and MirroredStrategy, Model Garden's own
-# train_test.py TPU cases and its train.py DLRM-DCN-v2 under the runner.
+# where the venv is absent) but the `slow` ones: each client's TPU path on the
+# engine against the numpy optimizer reference, and equal to the same program
+# under MirroredStrategy with the same replicas (1 and 2; 4 and 8 in
+# `make test-clients-all`), Model Garden's own train_test.py TPU cases and its
+# train.py DLRM-DCN-v2 under the runner at 2 replicas (8: test-clients-all).
 CLIENTS_VENV ?= .venv-clients
 CLIENTS_REQ   = tensorflow-recommenders==0.7.7 tf-keras==2.21.0 keras-rs==0.4.0 \
                 tf-models-official==2.20.0
@@ -216,6 +218,12 @@ $(CLIENTS_VENV)/.deps: Makefile tools/clients_check.py $(VENV)/.deps
 clients-venv: $(CLIENTS_VENV)/.deps
 
 test-clients: build clients-venv
+	cd $(CURDIR) && $(VENV)/bin/pytest $(CLIENTS_PYTEST) -m "clients and not slow" tests/clients \
+	  $(PYTEST_ARGS)
+
+# The client lane at the replica counts of the slow tier too (4 and 8: TPU
+# jobs run at 8 and more; tens of minutes on two cores, so not in CI).
+test-clients-all: build clients-venv
 	cd $(CURDIR) && $(VENV)/bin/pytest $(CLIENTS_PYTEST) -m clients tests/clients $(PYTEST_ARGS)
 
 # ----------------------------------------------------------------------------

@@ -29,14 +29,19 @@ def _covered(path, roots):
 
 
 def test_slow_tests_run_in_the_sanitizer_lane():
+    """Slow tests run in the sanitizer lane, except the client lane's slow
+    tier (4 and 8 replicas), which `make test-clients-all` runs."""
     san = _make_var("SAN_TESTS")
     assert _files_marked("slow"), "no slow tests found: the check would be vacuous"
-    assert [f for f in _files_marked("slow") if not _covered(f, san)] == []
+    assert [f for f in _files_marked("slow")
+            if not _covered(f, san) and f not in _files_marked("clients")] == []
 
 
 def test_client_tests_run_in_the_client_lane():
     assert [f for f in _files_marked("clients") if not f.startswith("tests/clients/")] == []
-    assert re.search(r"^test-clients:.*\n.*-m clients tests/clients", MAKEFILE, re.M)
+    assert re.search(r'^test-clients:.*\n.*-m "clients and not slow" tests/clients', MAKEFILE,
+                     re.M)
+    assert re.search(r"^test-clients-all:.*\n.*-m clients tests/clients", MAKEFILE, re.M)
 
 
 def test_ci_runs_every_lane_and_the_readme_test_command():
