@@ -11,7 +11,8 @@ SRCS    = $(wildcard ops/*.cc engine/*.cc kernels/*.cc core/*.h engine/*.h kerne
 PYTEST_ARGS ?=
 
 .PHONY: all venv build test test-quick test-all cpp-test demo movielens bench bench-peers bazel-check bazel-install clean fuzz sanitize \
-        test-tf test-tfio lane-build tfio-build package-check clients-venv test-clients
+        test-tf test-tfio lane-build tfio-build package-check clients-venv test-clients \
+        test-clients-all docs docs-venv
 
 all: build
 
@@ -34,15 +35,15 @@ $(VENV)/.built: $(VENV)/.deps $(SRCS)
 
 build: $(VENV)/.built
 
-# Test tiers (README "Tests and CI lanes"; markers in pyproject.toml): the
-# default lane is every test but the `slow` ones (soak, stress: the sanitizer
-# lane runs them) and the `clients` ones (the client lane), on PYTEST_JOBS
-# pytest-xdist workers (a test file stays on one worker: module fixtures such
-# as a loopback cluster are shared by its tests).  It includes the C++ unit
-# tests (tests/cpp/test_cpp_units.py builds and runs them; `make cpp-test`
-# runs only those).  `make test-quick`: no child processes, servers, demos
-# or compiles either (`system`), for a fast edit-test loop; `make test-all`:
-# everything but the client lane.
+# Test tiers (docs/contributing.md "Tests and CI lanes"; markers in
+# pyproject.toml): the default lane is every test but the `slow` ones (soak,
+# stress: the sanitizer lane runs them) and the `clients` ones (the client
+# lane), on PYTEST_JOBS pytest-xdist workers (a test file stays on one worker:
+# module fixtures such as a loopback cluster are shared by its tests).  It
+# includes the C++ unit tests (tests/cpp/test_cpp_units.py builds and runs
+# them; `make cpp-test` runs only those).  `make test-quick`: no child
+# processes, servers, demos or compiles either (`system`), for a fast
+# edit-test loop; `make test-all`: everything but the client lane.
 PYTEST_JOBS  ?= 2
 XDIST         = -n $(PYTEST_JOBS) --dist loadfile
 DURATIONS     = --durations=15
@@ -131,7 +132,7 @@ sanitize: venv
 # ----------------------------------------------------------------------------
 
 # ----------------------------------------------------------------------------
-# Other TensorFlow versions (README "TensorFlow versions").  `make test-tf`
+# Other TensorFlow versions (docs/install.md "TensorFlow versions").  `make test-tf`
 # builds the same sources against the TensorFlow of LANE_VENV (created with
 # LANE_REQ) in a copy of the tree under build/lanes/ -- the in-tree build
 # belongs to $(VENV) -- and runs the suite there, e.g.
@@ -165,8 +166,8 @@ lane-build: $(LANE_VENV)/.deps
 test-tf: lane-build
 	cd $(LANE_TREE) && PYTHONPATH=$(LANE_TREE) $(CURDIR)/$(LANE_VENV)/bin/pytest $(LANE_PYTEST) $(PYTEST_ARGS)
 
-# `make tfio-build`: the TF 2.16 + tensorflow-io environment alone (README
-# "Reading Parquet with tensorflow-io": run programs there with
+# `make tfio-build`: the TF 2.16 + tensorflow-io environment alone
+# (docs/guides/parquet.md: run programs there with
 # PYTHONPATH=build/lanes/.venv-tf216 .venv-tf216/bin/python ...).
 tfio-build:
 	$(MAKE) lane-build LANE_VENV=.venv-tf216 LANE_REQ='$(TFIO_REQ)'
@@ -188,15 +189,17 @@ package-check: venv
 	bash tools/package_check.sh $(CURDIR)/$(PY) $(CURDIR)/build/package-check
 
 # ----------------------------------------------------------------------------
-# The client lane (README "Running TPU programs unchanged"): the TPU-embedding
+# The client lane (docs/guides/tpu-unchanged.md): the TPU-embedding
 # libraries at their published releases in $(CLIENTS_VENV), which shares this
 # venv's TensorFlow through a .pth file (pip never replaces it:
 # tf-models-official is installed with --no-deps plus the few packages its
 # ranking task needs; tools/clients_check.py checks TF's version and pip
 # check).  `make test-clients` runs tests/clients (marked `clients`; skipped
-# where the venv is absent): each client's TPU path on the engine against the
-# numpy optimizer reference and MirroredStrategy, Model Garden's own
-# train_test.py TPU cases and its train.py DLRM-DCN-v2 under the runner.
+# where the venv is absent) but the `slow` ones: each client's TPU path on the
+# engine against the numpy optimizer reference, and equal to the same program
+# under MirroredStrategy with the same replicas (1 and 2; 4 and 8 in
+# `make test-clients-all`), Model Garden's own train_test.py TPU cases and its
+# train.py DLRM-DCN-v2 under the runner at 2 replicas (8: test-clients-all).
 CLIENTS_VENV ?= .venv-clients
 CLIENTS_REQ   = tensorflow-recommenders==0.7.7 tf-keras==2.21.0 keras-rs==0.4.0 \
                 tf-models-official==2.20.0
@@ -215,4 +218,32 @@ $(CLIENTS_VENV)/.deps: Makefile tools/clients_check.py $(VENV)/.deps
 clients-venv: $(CLIENTS_VENV)/.deps
 
 test-clients: build clients-venv
+	cd $(CURDIR) && $(VENV)/bin/pytest $(CLIENTS_PYTEST) -m "clients and not slow" tests/clients \
+	  $(PYTEST_ARGS)
+
+# The client lane at the replica counts of the slow tier too (4 and 8: TPU
+# jobs run at 8 and more; tens of minutes on two cores, so not in CI).
+test-clients-all: build clients-venv
 	cd $(CURDIR) && $(VENV)/bin/pytest $(CLIENTS_PYTEST) -m clients tests/clients $(PYTEST_ARGS)
+
+# ----------------------------------------------------------------------------
+# `make docs`: the documentation site (mkdocs.yml; pages in docs/, the API
+# reference generated from the docstrings by mkdocstrings) built with
+# --strict (a broken link, a missing reference or a docstring warning fails)
+# into out/site.  The tools live in $(DOCS_VENV), which shares this venv's
+# TensorFlow through a .pth file (as the client lane's does): the generated
+# optimizer classes and op wrappers are documented by importing them.
+DOCS_VENV ?= .venv-docs
+DOCS_REQ   = mkdocs==1.6.1 mkdocs-material==9.8.2 mkdocstrings==1.0.8 \
+             mkdocstrings-python==2.0.11 griffelib==2.4.1 ruff==0.17.6
+$(DOCS_VENV)/.deps: Makefile $(VENV)/.deps
+	rm -rf $(DOCS_VENV) && $(PYTHON) -m venv $(DOCS_VENV)
+	$(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > \
+	  "$$($(DOCS_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz_shared_tensorflow.pth"
+	$(DOCS_VENV)/bin/python -m pip install -q $(DOCS_REQ)
+	touch $@
+
+docs-venv: $(DOCS_VENV)/.deps
+
+docs: docs-venv
+	cd $(CURDIR) && NO_MKDOCS_2_WARNING=1 TF_CPP_MIN_LOG_LEVEL=3 $(DOCS_VENV)/bin/mkdocs build --strict

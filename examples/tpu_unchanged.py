@@ -10,6 +10,7 @@ tf.tpu.experimental.embedding.TPUEmbedding are TF's public names; under the
 runner they are the stand-in's and the tables train on the engine with TPU
 numerics.  The script is examples/port_from_tpu.py before its port.
 """
+import json
 import sys
 import tempfile
 
@@ -17,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 import keras
 
+keras.utils.set_random_seed(0)   # the same starting weights on any replica count
 TPUEmbedding = tf.tpu.experimental.embedding.TPUEmbedding
 resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu="")
 tf.config.experimental_connect_to_cluster(resolver)
@@ -102,5 +104,6 @@ checkpoint.restore(path)
 for name, values in table_values(checkpoint.save(directory + "/ckpt")).items():
     np.testing.assert_array_equal(values, saved[name])
 print("loss: first %.4f, after 20 steps %.4f, after 30 steps %.4f" % (first[0], first[-1], later[-1]))
+print("LOSSES " + json.dumps(first + later))
 assert later[-1] < first[0]
 print("OK")

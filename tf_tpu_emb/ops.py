@@ -204,8 +204,8 @@ def configure_tpu_embedding(config, engine="", name=None):
     and creates the embedding engine called ``engine`` with its tables and
     slots.  Every op of this module that addresses an engine takes
     ``engine=``: "" is the process's default engine, the one TF's core-named
-    ops address; other names are independent engines (README "Several
-    engines per process")."""
+    ops address; other names are independent engines (docs/engine.md
+    "Several engines per process")."""
     return _gen("ConfigureTPUEmbedding")(config=config, engine=engine, name=name)
 
 

@@ -45,8 +45,8 @@ echo "$SITE" >"$NEW_SITE/zz_shared_tensorflow.pth"
 echo "== tests against the installed package"
 mkdir -p "$OUT/run"
 cp -r tests "$OUT/run/tests"
-# Documents some tests run as printed (README commands, examples/).
-cp -r README.md examples "$OUT/run/"
+# Documents some tests run as printed (README, docs/ commands, examples/).
+cp -r README.md docs examples "$OUT/run/"
 find "$OUT/run" -name __pycache__ -prune -exec rm -rf {} +
 cd "$OUT/run"
 export TF_CPP_MIN_LOG_LEVEL=3

@@ -1,8 +1,9 @@
-"""Every test runs in at least one CI lane (README "Tests and CI lanes"): the
-default lane (`make test`) leaves out only the `slow` and `clients` tests, so
-each test file with `slow` tests must be in the sanitizer lane's SAN_TESTS
-and each with `clients` tests in the client lane's folder; `.ci/run` runs
-every lane, and the README's test command is the default lane's."""
+"""Every test runs in at least one CI lane (docs/contributing.md "Tests and CI
+lanes"): the default lane (`make test`) leaves out only the `slow` and
+`clients` tests, so each test file with `slow` tests must be in the sanitizer
+lane's SAN_TESTS and each with `clients` tests in the client lane's folder;
+`.ci/run` runs every lane (the documentation site's included), and the
+README's test command is the default lane's."""
 import pathlib
 import re
 
@@ -28,20 +29,35 @@ def _covered(path, roots):
 
 
 def test_slow_tests_run_in_the_sanitizer_lane():
+    """Slow tests run in the sanitizer lane, except the client lane's slow
+    tier (4 and 8 replicas), which `make test-clients-all` runs."""
     san = _make_var("SAN_TESTS")
     assert _files_marked("slow"), "no slow tests found: the check would be vacuous"
-    assert [f for f in _files_marked("slow") if not _covered(f, san)] == []
+    assert [f for f in _files_marked("slow")
+            if not _covered(f, san) and f not in _files_marked("clients")] == []
 
 
 def test_client_tests_run_in_the_client_lane():
     assert [f for f in _files_marked("clients") if not f.startswith("tests/clients/")] == []
-    assert re.search(r"^test-clients:.*\n.*-m clients tests/clients", MAKEFILE, re.M)
+    assert re.search(r'^test-clients:.*\n.*-m "clients and not slow" tests/clients', MAKEFILE,
+                     re.M)
+    assert re.search(r"^test-clients-all:.*\n.*-m clients tests/clients", MAKEFILE, re.M)
 
 
 def test_ci_runs_every_lane_and_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text()
-    for target in ("test", "sanitize", "package-check", "test-tfio", "test-clients"):
+    for target in ("test", "sanitize", "package-check", "test-tfio", "docs", "test-clients"):
         assert re.search(r"^lane \S+ make %s$" % target, ci, re.M), target
     assert re.search(r"^make test\s+# ", (ROOT / "README.md").read_text(), re.M)
     assert '-m "$(DEFAULT_LANE)"' in MAKEFILE and "DEFAULT_LANE  = not slow and not clients" \
         in MAKEFILE
+
+
+def test_the_docs_lane_builds_strictly_and_every_lane_is_in_the_table():
+    """`make docs` is mkdocs --strict, and the contributing page's lane table
+    (the one place CI lane times are given) has a row for each lane."""
+    assert re.search(r"^docs: .*\n.*mkdocs build --strict", MAKEFILE, re.M)
+    ci = (ROOT / ".ci" / "run").read_text()
+    table = (ROOT / "docs" / "contributing.md").read_text()
+    for target in re.findall(r"^lane \S+ make (\S+)$", ci, re.M):
+        assert re.search(r"^\| `make %s` \|" % re.escape(target), table, re.M), target

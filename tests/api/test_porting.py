@@ -1,6 +1,5 @@
-"""The porting guide (README "Porting a TPU training script"): the example TPU
-script runs on CPU, and the README's diff is exactly what separates it from
-its TPU version."""
+"""The porting guide (docs/guides/porting.md): the example TPU script runs on
+CPU, and the guide's diff is exactly what separates it from its TPU version."""
 import pathlib
 import re
 
@@ -10,13 +9,12 @@ import harness  # tests/common: the one way to start a child process
 
 ROOT = pathlib.Path(harness.ROOT)
 EXAMPLE = ROOT / "examples" / "port_from_tpu.py"
-README = (ROOT / "README.md").read_text()
-SECTION = README.split("## Porting a TPU training script", 1)[1].split("\n## ", 1)[0]
-DIFF = re.search(r"```diff\n(.*?)```", SECTION, re.S).group(1).splitlines()
+GUIDE = (ROOT / "docs" / "guides" / "porting.md").read_text()
+DIFF = re.search(r"```diff\n(.*?)```", GUIDE, re.S).group(1).splitlines()
 MARK = "  # ported"
 
 
-def test_readme_diff_is_the_example():
+def test_guide_diff_is_the_example():
     """The `+` lines are, in order and contiguous, the example's lines marked
     ``# ported`` (context lines around them included); the TPU version the
     `-` lines make is the same script with TPUStrategy and TF's class."""

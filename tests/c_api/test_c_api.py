@@ -1,12 +1,13 @@
 """C clients (TF-Java, Go and plain C go through TF's C API): the example
-program examples/c/train.c, compiled and run with the README's commands exactly
-as printed, trains through the plugin -- loaded with TF_LoadLibrary, ops built
-by TF's core names and by the plugin's prefixed names, the activation gradient
-from TF_AddGradients over TPUEmbeddingActivations feeding
-SendTPUEmbeddingGradients (kernels/system_kernels.cc).  Every number it prints
-is checked against a numpy reference written from the semantics
-(docs/tpu_embedding_semantics.md §3 gradients, §4 mean combiner, §5 Adagrad)
-and from the data the program documents in its header."""
+program examples/c/train.c, compiled and run with the commands of
+docs/guides/clients.md exactly as printed, trains through the plugin --
+loaded with TF_LoadLibrary, ops built by TF's core names and by the plugin's
+prefixed names, the activation gradient from TF_AddGradients over
+TPUEmbeddingActivations feeding SendTPUEmbeddingGradients
+(kernels/system_kernels.cc).  Every number it prints is checked against a
+numpy reference written from the semantics (docs/tpu_embedding_semantics.md
+§3 gradients, §4 mean combiner, §5 Adagrad) and from the data the program
+documents in its header."""
 import os
 import pathlib
 import re
@@ -24,21 +25,22 @@ from tf_tpu_emb import _loader
 pytestmark = pytest.mark.system
 
 EXAMPLE = pathlib.Path(ROOT) / "examples" / "c" / "train.c"
-README = pathlib.Path(ROOT) / "README.md"
+GUIDE = pathlib.Path(ROOT) / "docs" / "guides" / "clients.md"
 # examples/c/train.c's model (its header comment).
 VOCAB, DIM, BATCH, STEPS, LR = 16, 4, 4, 5, 0.1
 
 
-def readme_commands():
-    """The shell block of README's "A C program" section, as printed."""
-    text = README.read_text()
-    section = text[text.index("### A C program"):]
+def guide_commands():
+    """The shell block of the "A C program" section of docs/guides/clients.md,
+    as printed."""
+    text = GUIDE.read_text()
+    section = text[text.index("## A C program"):]
     return re.search(r"```sh\n(.*?)```", section, re.S).group(1)
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """The README's commands run verbatim in a folder holding examples/c/,
+    """The guide's commands run verbatim in a folder holding examples/c/,
     with the virtualenv's python first on PATH (what `. .venv/bin/activate`
     does); returns (folder, the commands' output)."""
     work = tmp_path_factory.mktemp("c_client")
@@ -46,7 +48,7 @@ def built(tmp_path_factory):
     shutil.copy(EXAMPLE, work / "examples" / "c" / "train.c")
     env = child_env(unset=("LD_LIBRARY_PATH",))  # the plugin's RUNPATH must do
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]
-    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", readme_commands()], cwd=work,
+    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", guide_commands()], cwd=work,
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, describe(proc)
     assert (work / "train").exists()
@@ -105,8 +107,8 @@ def check_output(stdout):
     assert losses[-1] < losses[0]  # it trains
 
 
-def test_readme_commands_build_and_train(built):
-    """The README's commands compile the example and run it (core op names)."""
+def test_guide_commands_build_and_train(built):
+    """The guide's commands compile the example and run it (core op names)."""
     check_output(built[1])
 
 

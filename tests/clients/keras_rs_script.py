@@ -8,9 +8,10 @@ the table with the translated Keras SGD, checked after every step against the
 numpy formula (the tables read through Keras-RS's own
 ``get_embedding_tables``, i.e. the per-shard ``.values`` view); the trained
 tables move into the CPU fallback (EmbedReduce) model, whose predictions
-(the serving path) equal the TPU model's.  Prints ``LOSSES <json>``.
+(the serving path) equal the TPU model's.  Prints ``LOSSES <json>`` and
+``TABLES <json>`` (the trained table).
 ``python keras_rs_script.py mirrored R``: the same fit under MirroredStrategy
-(Keras-RS's CPU fallback, the table trained by Keras SGD).
+(Keras-RS's CPU fallback, the table trained by Keras SGD); the same two lines.
 """
 import json
 import sys
@@ -74,6 +75,7 @@ for _ in range(2):
         on_train_batch_end=lambda b, logs: snapshots.append(tables()))])
     losses += [float(v) for v in history.history["loss"]]
 print("LOSSES " + json.dumps(losses))
+print("TABLES " + json.dumps({"t": tables().tolist()}))
 if MODE == "mirrored":
     sys.exit(0)
 

@@ -9,9 +9,9 @@ every step against the numpy formula of the table optimizer
 Adagrad behind a learning-rate schedule: slots through add_slot, the
 optimizer's lazily created ``iterations``) trains in fit; the checkpoint
 restores into the CPU fallback (TPUEmbeddingForServing) and back; the serving
-lookup matches.  Prints ``LOSSES <json>`` of the SGD fit.
+lookup matches.  Prints ``LOSSES <json>`` and ``TABLES <json>`` of the SGD fit.
 ``python tfrs_script.py mirrored R``: the same SGD fit under MirroredStrategy
-(the CPU fallback, tables trained by Keras SGD), prints ``LOSSES``.
+(the CPU fallback, tables trained by Keras SGD), prints ``LOSSES`` and ``TABLES``.
 """
 import json
 import os
@@ -120,8 +120,9 @@ def sgd_fit():
 
 
 if MODE == "mirrored":
-    _, losses, _ = sgd_fit()
+    model, losses, _ = sgd_fit()
     print("LOSSES " + json.dumps(losses))
+    print("TABLES " + json.dumps({"t": table_of(model).tolist()}))
     sys.exit(0)
 
 # ------------------------------------------------------------------- TPU path
@@ -161,6 +162,7 @@ reference = Reference("stochastic_gradient_descent", LR)
 for k, got in enumerate(snapshots):
     check(got, reference.step(k % STEPS), "fit step %d" % k)
 print("LOSSES " + json.dumps(losses))
+print("TABLES " + json.dumps({"t": table_of(model).tolist()}))
 
 # 3. Checkpoints: TPU path -> CPU fallback (TPUEmbeddingForServing) -> TPU path.
 directory = tempfile.mkdtemp()

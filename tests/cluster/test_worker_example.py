@@ -1,6 +1,6 @@
-"""The README's worker script, examples/cluster_worker.py, run as a user runs
-it: against real `python -m tf_tpu_emb.server` hosts on 127.0.0.1 (MOD, 2
-hosts), checkpointing, then started again after a host restart to resume;
+"""The worker script of docs/guides/several-machines.md,
+examples/cluster_worker.py, run as a user runs it: against real
+`python -m tf_tpu_emb.server` hosts on 127.0.0.1 (MOD, 2 hosts), checkpointing, then started again after a host restart to resume;
 every epoch's losses equal the same script on one in-process engine."""
 import pathlib
 import re
@@ -47,10 +47,11 @@ def test_worker_example_on_hosts_resumes_and_matches_one_engine(tmp_path):
         assert_same_losses(resumed, local)
 
 
-def test_readme_command_uses_the_examples_flags():
-    """The README's worker command names this script and only its flags."""
-    readme = (pathlib.Path(harness.ROOT) / "README.md").read_text()
-    command = re.search(r"python examples/cluster_worker\.py (.*?)\n\n", readme, re.S)
-    assert command, "README has no examples/cluster_worker.py command"
+def test_guide_command_uses_the_examples_flags():
+    """The guide's worker command (docs/guides/several-machines.md) names this
+    script and only its flags."""
+    guide = (pathlib.Path(harness.ROOT) / "docs" / "guides" / "several-machines.md").read_text()
+    command = re.search(r"python examples/cluster_worker\.py (.*?)\n\n", guide, re.S)
+    assert command, "docs/guides/several-machines.md has no examples/cluster_worker.py command"
     flags = set(re.findall(r"(--[a-z-]+)", command.group(1)))
     assert flags and flags <= set(re.findall(r'"(--[a-z-]+)"', EXAMPLE.read_text()))

@@ -2,11 +2,14 @@
 __main__, sys.path[0], exit status, uncaught exceptions; ``-m MODULE``,
 ``-m pytest``), on the stand-in TPU system of ``--replicas`` CPU replicas, and
 a TPU program trains through the engine with TPU Adagrad's numerics."""
+import json
 import os
 import sys
 import textwrap
 
+import numpy as np
 import pytest
+import tensorflow as tf
 
 import harness  # tests/common: the one way to start a child process
 
@@ -76,12 +79,49 @@ def test_tpu_program_trains_with_tpu_numerics_on_two_replicas(tmp_path):
     assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), harness.describe(proc)
 
 
-def test_example_tpu_script_unchanged(tmp_path):
-    example = os.path.join(harness.ROOT, "examples", "tpu_unchanged.py")
-    proc = run(["--replicas", "2", example, str(tmp_path)], tmp_path)
+def test_several_strategies_and_an_indivisible_batch_at_three_replicas(tmp_path):
+    proc = run(["--replicas", "3", harness.script(__file__, "standin_replica_rules_script.py")],
+               tmp_path)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), harness.describe(proc)
-    assert "embedding class: tf_tpu_emb.mid_level.TPUEmbedding, 2 replica(s)" in proc.stdout
-    assert list(tmp_path.glob("ckpt-1.index"))
-    source = open(example).read()
+
+
+def _example(tmp_path, replicas):
+    example = os.path.join(harness.ROOT, "examples", "tpu_unchanged.py")
+    directory = tmp_path / ("r%d" % replicas)
+    proc = run(["--replicas", str(replicas), example, str(directory)], tmp_path)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), harness.describe(proc)
+    assert ("embedding class: tf_tpu_emb.mid_level.TPUEmbedding, %d replica(s)" % replicas
+            in proc.stdout)
+    losses = json.loads([l for l in proc.stdout.splitlines() if l.startswith("LOSSES ")][-1][7:])
+    path = str(directory / "ckpt-2")   # after 30 steps
+    return losses, {name: tf.train.load_variable(path, name)
+                    for name, _ in tf.train.list_variables(path)
+                    if name.startswith(("embedding/", "dense/"))}
+
+
+@pytest.fixture(scope="module")
+def example_on_one_replica(tmp_path_factory):
+    return _example(tmp_path_factory.mktemp("example"), 1)
+
+
+@pytest.mark.parametrize("replicas", [2, 4, 8])
+def test_example_tpu_script_at_tpu_replica_counts(tmp_path, replicas, example_on_one_replica):
+    """The example, as written for a TPU, at 2, 4 and 8 replicas (a v3-8)
+    trains as on one: a TPU's step is a global-batch step (the tables' and
+    the dense weights' gradients summed over the replicas), so the losses
+    and every table and dense weight after 30 steps equal the one-replica
+    run's (rtol / atol 1e-6; the one-replica run's tables follow TPU Adagrad:
+    standin_training_script.py checks that formula step by step)."""
+    losses, weights = _example(tmp_path, replicas)
+    reference_losses, reference = example_on_one_replica
+    np.testing.assert_allclose(losses, reference_losses, rtol=1e-6)
+    assert sorted(weights) == sorted(reference) and any(n.startswith("embedding/")
+                                                        for n in weights)
+    worst = max(float(np.max(np.abs(weights[n] - reference[n]))) for n in weights)
+    print("SYMMETRY example R=%d max|weight diff| vs R=1 %.3g" % (replicas, worst))
+    assert worst <= 1e-6, worst
+
+
+def test_example_is_a_tpu_script_unchanged():
+    source = open(os.path.join(harness.ROOT, "examples", "tpu_unchanged.py")).read()
     assert "tf_tpu_emb" not in source.split('"""', 2)[2]   # code written for a TPU only
-    assert sys.executable

@@ -1,2 +1,2 @@
-"""Input pipelines that feed the enqueue (README "Reading Parquet with
-tensorflow-io")."""
+"""Input pipelines that feed the enqueue (docs/guides/parquet.md: "Reading
+Parquet with tensorflow-io")."""

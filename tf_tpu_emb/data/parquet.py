@@ -1,5 +1,5 @@
 """A Parquet click log, read with tensorflow-io, as ``tf.data`` batches for
-``TPUEmbedding.enqueue`` (README "Reading Parquet with tensorflow-io").
+``TPUEmbedding.enqueue`` (docs/guides/parquet.md).
 
 The layout is flat, because tensorflow-io's Parquet reader
 (``tfio.IODataset.from_parquet``) reads primitive columns only:
@@ -20,7 +20,7 @@ labels [B] float32)``; ``enqueue(ids, enqueue_weights(features, weights))``
 feeds a batch to ``TPUEmbedding`` (which wants None for unweighted features,
 an element a dataset cannot hold).  tensorflow-io is imported only here and only
 when reading: it is an optional dependency (its 0.37.1 release loads on
-TF 2.16 only; the README's version matrix).
+TF 2.16 only; the version table of docs/install.md).
 """
 import numpy as np
 import tensorflow as tf

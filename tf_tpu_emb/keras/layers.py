@@ -178,9 +178,10 @@ class TPUEmbeddingLayer(keras.layers.Layer):
       pipeline_execution_with_tensor_core: as for ``TPUEmbedding``.
       batch_size: the global batch size (per replica: divided by the number of
         replicas).  Optional when the first call has a static batch dimension.
-      cluster, sharding_strategy: as for ``TPUEmbedding``: the tables are
-        sharded over the embedding hosts of ``cluster`` (not serialised by
-        ``get_config``: a loaded model runs on one engine unless given one).
+      cluster: as for ``TPUEmbedding``: the tables are sharded over the
+        embedding hosts of ``cluster`` (not serialised by ``get_config``: a
+        loaded model runs on one engine unless given one).
+      sharding_strategy: as for ``TPUEmbedding`` (with ``cluster``).
       **kwargs: ``keras.layers.Layer`` arguments (``name``, ``trainable``, ...).
 
     ``call(features, weights=None, training=None)`` returns the activations

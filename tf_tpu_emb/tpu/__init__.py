@@ -6,8 +6,8 @@ TensorFlow's public TPU names: ``TPUClusterResolver`` (any ``tpu``),
 ``experimental_connect_to_cluster``, ``initialize_tpu_system`` /
 ``shutdown_tpu_system``, ``tf.distribute.TPUStrategy`` (and the
 ``experimental`` one) and ``tf.tpu.experimental.embedding.TPUEmbedding``,
-which builds ``tf_tpu_emb.TPUEmbedding``.  README "Running TPU programs
-unchanged" tells what it stands in for and what it cannot be.
+which builds ``tf_tpu_emb.TPUEmbedding``.  docs/guides/tpu-unchanged.md
+tells what it stands in for and what it cannot be.
 
 Modules: ``system`` (the TPU system and its rules), ``strategy`` (resolver
 and strategy), ``install`` (rebinding TF's public names).

@@ -115,8 +115,8 @@ def _logical_cpus(replicas):
 
 
 def install(replicas=1):
-    """Installs the CPU stand-in for the TPU system (README "Running TPU programs
-    unchanged"): a TPU system of ``replicas`` cores, each a logical CPU device,
+    """Installs the CPU stand-in for the TPU system (docs/guides/tpu-unchanged.md):
+    a TPU system of ``replicas`` cores, each a logical CPU device,
     behind TF's public TPU names.  Call it before the program runs any
     TensorFlow op (the logical devices must be set up first).  Installing
     again with the same replicas is a no-op; returns the system."""

@@ -27,9 +27,20 @@ runs no TPU compiler, so for them ``__class__`` is :class:`CPUStandInStrategy`
 ``isinstance`` checks -- stays the TPU subclass.  That keeps the losses and
 metrics Keras reports equal to those of a ``MirroredStrategy`` with the same
 replicas (tests/tpu/test_standin_keras.py).
+
+Collective keys.  On a TPU a strategy's cross-replica sums are compiled into
+its own XLA program, so two TPU strategies of one process (a test suite that
+builds a model per test, as Model Garden's ``train_test.py`` does) never
+meet.  The stand-in's sums are TF collective ops, which TF's runtime matches
+by (group key, instance key) and remembers for the process: two strategies
+that start their keys at the same number make the second model's gradient
+all-reduce meet the first one's record ("Shape mismatch in the collective
+instance ...").  Each stand-in strategy therefore draws a key range of its
+own (TF's own tests do the same with ``MirroredStrategy._collective_key_base``).
 """
 import contextlib
 import copy
+import itertools
 import weakref
 
 import tensorflow as tf
@@ -141,6 +152,10 @@ class _Extended(mirrored_strategy.MirroredExtended):
         # optimizers) -- not only distributed ones.
         distribute_utils.validate_colocate(colocate_with_variable, self)
 
+    def _experimental_distribute_dataset(self, dataset, options):
+        _check_global_batch(dataset.element_spec, self._num_replicas_in_sync)
+        return super()._experimental_distribute_dataset(dataset, options)
+
     @property
     def tpu_hardware_feature(self):
         return tpu_hardware_feature.HardwareFeature(self.tf_tpu_emb_system.hardware_feature_proto())
@@ -163,6 +178,28 @@ class _Extended(mirrored_strategy.MirroredExtended):
         yield
 
 
+def _check_global_batch(element_spec, replicas):
+    """A TPU gives every replica global batch / replicas examples;
+    MirroredStrategy, whose input pipeline the stand-in runs, would split an
+    indivisible batch unevenly and the replicas would train on different
+    batch sizes.  Refuses that with the numbers (the batch dimension of a
+    dataset batched with ``drop_remainder=True`` is static)."""
+    for spec in tf.nest.flatten(element_spec):
+        shape = getattr(spec, "shape", None)
+        if shape is None or shape.rank in (None, 0) or shape[0] is None:
+            continue
+        if shape[0] % replicas:
+            raise ValueError(
+                "The dataset's global batch of {batch} examples does not divide by the {r} "
+                "replicas of the TPU system: a TPU gives every replica the same batch "
+                "(global batch / {r}).  Batch the dataset by a multiple of {r} (e.g. {fit}), "
+                "or run on a replica count that divides {batch} (python -m tf_tpu_emb.run "
+                "--replicas N, tf_tpu_emb.tpu.install(replicas=N)).".format(
+                    batch=shape[0], r=replicas,
+                    fit=max(replicas, shape[0] // replicas * replicas)))
+        return
+
+
 def _check_logical_device(logical_device_id):
     if logical_device_id != 0:
         raise ValueError(
@@ -176,7 +213,11 @@ class TPUStrategy(tpu_strategy.TPUStrategyV2, tpu_strategy.TPUStrategy):
     of the stand-in: synchronous training over the TPU system's N CPU replicas
     (see module doc)."""
 
-    _collective_key_base = 0  # MirroredExtended reads it
+    # Collective keys (see module doc, "Collective keys"): MirroredExtended
+    # starts its group keys at 1 + ``_collective_key_base``; each stand-in
+    # strategy gets a range of its own, above MirroredStrategy's 0.
+    _KEY_BASE_START, _KEY_BASE_STRIDE = 1 << 20, 1 << 10
+    _key_bases = itertools.count()
 
     def __init__(self, tpu_cluster_resolver=None, experimental_device_assignment=None,
                  experimental_spmd_xla_partitioning=False, device_assignment=None):
@@ -193,6 +234,8 @@ class TPUStrategy(tpu_strategy.TPUStrategyV2, tpu_strategy.TPUStrategy):
                 "parallelism).".format(assignment.num_replicas,
                                        assignment.num_cores_per_replica, system.replicas))
         del experimental_spmd_xla_partitioning
+        self._collective_key_base = (self._KEY_BASE_START
+                                     + self._KEY_BASE_STRIDE * next(self._key_bases))
         distribute_lib.Strategy.__init__(self, _Extended(self, system, tpu_cluster_resolver))
 
     @property
