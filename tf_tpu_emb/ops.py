@@ -96,7 +96,11 @@ SPARSECORE_OP_NAMES = (
 )
 
 #: The SparseCore ops with CPU kernels (under both names; docs/sparsecore_semantics.md).
-SPARSECORE_KERNEL_OP_NAMES = ()
+SPARSECORE_KERNEL_OP_NAMES = (
+    "ConvertToCooTensor", "ConvertToListOfSparseCoreCooTensors",
+    "SortListOfSparseCoreCooTensors", "GetStatsFromListOfSparseCoreCooTensors",
+    "ConvertToSparseCoreCsrWrappedCooTensor", "GlobalIterId",
+)
 
 #: Bare name -> registered (prefixed) name, for every op of the library.
 OP_NAMES = {n: PREFIX + n for n in CORE_OP_NAMES + EXTRA_OP_NAMES}

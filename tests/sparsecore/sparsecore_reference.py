@@ -1,0 +1,156 @@
+"""Numpy models of the SparseCore ops, written from docs/sparsecore_semantics.md
+(never from our kernels' outputs), and the helper that runs an op by name
+(ours, ``TfTpuEmb>Name``, or TF's core name) in a tf.function."""
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.framework import op_def_library
+
+PAD = 2**31 - 1
+
+
+def run_op(name, **kwargs):
+    """Runs op `name` once with `kwargs` (inputs and attrs); its outputs as numpy
+    (lists for list outputs)."""
+    @tf.function(autograph=False)
+    def fn():
+        _, _, op, _ = op_def_library._apply_op_helper(name, **kwargs)
+        return list(op.outputs)
+
+    return [o.numpy() for o in fn()]
+
+
+# ------------------------------------------------------------- §1 COO conversion
+
+def token_rows(form, split, n):
+    if form == "dense":
+        return np.arange(n)
+    if form == "sparse":
+        return np.asarray(split)[:, 0]
+    split = np.asarray(split)
+    return np.repeat(np.arange(len(split) - 1), np.diff(split))
+
+
+def coo(rows, ids, weights, sample_count, combiner):
+    """(rows, cols, gains) after adjacent dedup and combiner scaling."""
+    weights = np.broadcast_to(np.float32(weights), (len(ids),)).astype(np.float32)
+    scale = np.zeros(sample_count, np.float32)
+    kr, kc, kg = [], [], []
+    for r, c, w in zip(rows, ids, weights):
+        if combiner == "mean":
+            scale[r] = np.float32(scale[r] + w)
+        elif combiner == "sqrtn":
+            scale[r] = np.float32(scale[r] + np.float32(w * w))
+        if kr and kr[-1] == r and kc[-1] == c:
+            kg[-1] = np.float32(kg[-1] + w)
+        else:
+            kr.append(int(r)); kc.append(int(c)); kg.append(np.float32(w))
+    gains = np.array(kg, np.float32)
+    if combiner != "sum":
+        with np.errstate(divide="ignore"):
+            if combiner == "mean":
+                s = np.where(scale == 0, 0, np.float32(1) / scale).astype(np.float32)
+            else:
+                s = np.where(scale == 0, 0, np.float32(1) / np.sqrt(scale)).astype(np.float32)
+        gains = (gains * s[np.array(kr, np.int64)]).astype(np.float32) if kr else gains
+    return np.array(kr, np.int32), np.array(kc, np.int32), gains
+
+
+def coo_list(rows, cols, gains, sample_count, num_sc, row_offset, col_offset, col_shift,
+             num_sc_shards, stacked_sample_count):
+    per_sc = sample_count // num_sc
+    mask = num_sc_shards - 1
+    out = []
+    for k in range(num_sc):
+        sel = (rows // per_sc) == k
+        r, c = rows[sel].astype(np.int64), cols[sel].astype(np.int64)
+        out.append(((r % per_sc + row_offset // num_sc + stacked_sample_count // num_sc * k)
+                    .astype(np.int32),
+                    (((c + col_shift) & mask) + (c & ~mask) + col_offset).astype(np.int32),
+                    gains[sel]))
+    return out
+
+
+# ----------------------------------------------------------------- §2 sort
+
+def sort_list(features, col_offsets, num_physical):
+    """features: [(rows, cols, gains)]; returns (kept per group in order,
+    counts, uniques) as in semantics §2."""
+    groups = {}
+    for f, off in enumerate(col_offsets):
+        groups.setdefault(off, []).append(f)
+    counts = np.zeros(num_physical, np.int64)
+    uniques = np.zeros(num_physical, np.int64)
+    kept = []
+    for off in sorted(groups):
+        r = np.concatenate([features[f][0] for f in groups[off]])
+        c = np.concatenate([features[f][1] for f in groups[off]])
+        g = np.concatenate([features[f][2] for f in groups[off]])
+        order = sorted(range(len(c)), key=lambda i: (c[i], i))
+        group, prev = [], (None, None)
+        for i in order:
+            if (r[i], c[i]) != prev:
+                group.append([int(r[i]), int(c[i]), np.float32(g[i])])
+                counts[c[i] % num_physical] += 1
+                if c[i] != prev[1]:
+                    uniques[c[i] % num_physical] += 1
+            else:
+                group[-1][2] = np.float32(group[-1][2] + g[i])
+            prev = (r[i], c[i])
+        kept.append(group)
+    return kept, counts, uniques
+
+
+def sorted_outputs(kept, num_physical, batch):
+    per_rep = [[] for _ in range(num_physical)]
+    for group in kept:
+        for r, c, g in group:
+            per_rep[c % num_physical].append((r % batch, c // num_physical, g))
+    flat = [e for rep in per_rep for e in rep]
+    id_counts = np.concatenate([[0], np.cumsum([len(x) for x in per_rep])]).astype(np.int32)
+    return (np.array([e[0] for e in flat], np.int32), np.array([e[1] for e in flat], np.int32),
+            np.array([e[2] for e in flat], np.float32), id_counts)
+
+
+# ------------------------------------------------------------------ §3-§4 CSR
+
+def bucket_bounds(splits, level=6):
+    pts = []
+    for bit in range(63):
+        if splits >> bit & 1:
+            lvl = (bit + 1).bit_length() - 1
+            sec = bit - (2**lvl - 1)
+            size = 2 ** (level - 1 - lvl)
+            pts.append(size + sec * size * 2)
+    return [0] + sorted(pts) + [2**level]
+
+
+def csr_wrapped(per_sc, splits, num_physical, max_minibatches, max_ids, allow_dropping):
+    """per_sc: [(rows, cols, gains, id_counts)]; the seven outputs of
+    ConvertToSparseCoreCsrWrappedCooTensor, or "error" on overflow."""
+    bounds = bucket_bounds(splits)
+    m = len(bounds) - 1
+    g_size = -(-num_physical // 8) * 8
+    rp, sid, tid, gn = [], [], [], []
+    for rows, cols, gains, counts in per_sc:
+        mini = len(counts) == num_physical * 64 + 1
+        for b in range(1, m + 1):
+            for rep in range(num_physical):
+                lo = counts[rep * 64 + bounds[b - 1]] if mini else counts[rep]
+                hi = counts[rep * 64 + bounds[b]] if mini else counts[rep + 1]
+                n = hi - lo
+                if len(tid) + n > max_ids:
+                    if not allow_dropping:
+                        return "error"
+                    n = max_ids - len(tid)
+                tid += list(cols[lo:lo + n]); sid += list(rows[lo:lo + n])
+                gn += list(gains[lo:lo + n])
+                rp.append(len(tid))
+                pad = -len(tid) % 8
+                tid += [PAD] * pad; sid += [PAD] * pad; gn += [float(PAD)] * pad
+            rp += [len(tid)] * (-len(rp) % 8)
+    end = len(tid)
+    rp += [end] * (max_minibatches * len(per_sc) * g_size - len(rp))
+    tid += [PAD] * (max_ids - end); sid += [PAD] * (max_ids - end)
+    gn += [float(PAD)] * (max_ids - end)
+    return (np.array(rp, np.int32), np.array(sid, np.int32), np.array(tid, np.int32),
+            np.array(gn, np.float32), len(per_sc) * m * g_size, end, m)

@@ -1,0 +1,120 @@
+"""Bad input to the SparseCore kernels: InvalidArgument (or TF's
+FailedPrecondition) naming the op and the offending index, never a crash."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sparsecore_reference as ref
+from tf_tpu_emb import ops as tte_ops
+
+pytestmark = [pytest.mark.usefixtures("lib")]
+
+COO = "ConvertToCooTensor"
+
+
+def _raises(match, name, **kwargs):
+    with pytest.raises((tf.errors.InvalidArgumentError, tf.errors.FailedPreconditionError),
+                       match=match):
+        ref.run_op(name, **kwargs)
+
+
+def _coo(split, values, weights, sample_count=2, combiner="sum", name=COO):
+    return dict(name=name, indices_or_row_splits=np.asarray(split, np.int32),
+                values=np.asarray(values, np.int32), weights=np.asarray(weights, np.float32),
+                sample_count=sample_count, combiner=combiner)
+
+
+@pytest.mark.parametrize("case,kwargs,match", [
+    ("splits start", _coo([1, 1, 2], [4, 5], 1.0), r"ConvertToCooTensor: row_splits\[0\] = 1"),
+    ("splits decrease", _coo([0, 2, 1], [4, 5], 1.0), r"row_splits\[2\] = 1 is smaller"),
+    ("splits end", _coo([0, 1, 3], [4, 5], 1.0), r"row_splits\[2\] = 3 differs"),
+    ("splits length", _coo([0, 2], [4, 5], 1.0), "sample_count \\+ 1 = 3"),
+    ("row too big", _coo([[0, 0], [2, 0]], [4, 5], 1.0), r"indices_or_row_splits\[1, 0\] = 2"),
+    ("rows unsorted", _coo([[1, 0], [0, 0]], [4, 5], 1.0), r"\[1, 0\] = 0 is smaller"),
+    ("negative row", _coo([[-1, 0], [0, 0]], [4, 5], 1.0), r"\[0, 0\] = -1"),
+    ("3 columns", _coo([[0, 0, 0], [1, 0, 0]], [4, 5], 1.0), "2 columns"),
+    ("indices rows", _coo([[0, 0]], [4, 5], 1.0), "1 rows of indices for 2 values"),
+    ("weights length", _coo([0, 1, 2], [4, 5], [1.0, 2.0, 3.0]), "one element per value"),
+    ("weights rank", _coo([0, 1, 2], [4, 5], [[1.0, 2.0]]), "one element per value"),
+    ("negative id", _coo([0, 1, 2], [4, -5], 1.0), r"values\[1\] = -5 is negative"),
+    ("dense count", _coo(np.zeros([0], np.int32), [4, 5, 6], 1.0), "3 values for 2 samples"),
+    ("values rank", _coo([0, 1, 2], [[4, 5]], 1.0), "values must be a vector"),
+    ("combiner", _coo([0, 1, 2], [4, 5], 1.0, combiner="max"), "invalid combiner"),
+])
+def test_convert_to_coo_bad_input(case, kwargs, match):
+    del case
+    _raises(match, **kwargs)
+    kwargs = dict(kwargs, name=tte_ops.PREFIX + COO)
+    _raises(match, **kwargs)
+
+
+def _list(split, values, **attrs):
+    kwargs = dict(_coo(split, values, 1.0, sample_count=4,
+                       name="ConvertToListOfSparseCoreCooTensors"),
+                  num_sc_per_chip=2, row_offset=0, col_offset=0, col_shift=0, num_sc_shards=2,
+                  stacked_table_sample_count=4)
+    kwargs.update(attrs)
+    return kwargs
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (_list([0, 1, 1, 2, 2], [1, 2], num_sc_per_chip=3), "not divisible by num_sc_per_chip 3"),
+    (_list([0, 1, 1, 2, 2], [1, 2], num_sc_shards=3), "num_sc_shards 3 is not a power of two"),
+    (_list([0, 1, 1, 2, 2], [1, 2**31 - 2], col_offset=5), "beyond int32"),
+    (_list([0, 1, 1, 2, 3], [1, 2], ), r"row_splits\[4\] = 3 differs"),
+])
+def test_convert_to_list_bad_input(kwargs, match):
+    _raises("ConvertToListOfSparseCoreCooTensors: .*" + match, **kwargs)
+
+
+def _sort(rows, cols, gains, name="SortListOfSparseCoreCooTensors", **attrs):
+    kwargs = dict(name=name, row_ids_list=[np.asarray(rows, np.int32)],
+                  col_ids_list=[np.asarray(cols, np.int32)],
+                  gains_list=[np.asarray(gains, np.float32)], sample_count_list=[4],
+                  col_offset_list=[0], num_replica=1, table_vocab_size=8, feature_width=2,
+                  num_sc_per_chip=2, table_name="t")
+    if name.endswith("SortListOfSparseCoreCooTensors"):
+        kwargs.update(max_ids_per_sparse_core=8, max_unique_ids_per_sparse_core=8)
+    kwargs.update(attrs)
+    return kwargs
+
+
+@pytest.mark.parametrize("name", ["SortListOfSparseCoreCooTensors",
+                                  "GetStatsFromListOfSparseCoreCooTensors"])
+def test_sort_and_stats_bad_input(name):
+    _raises(name + r": feature 0: row ids and col ids", **_sort([0], [1, 2], [1, 1], name=name))
+    _raises(name + r": feature 0: gains and col ids", **_sort([0, 1], [1, 2], [1], name=name))
+    _raises(name + r": col_ids_list\[0\]\[1\] = -2", **_sort([0, 1], [1, -2], [1, 1], name=name))
+    _raises(name + r": row_ids_list\[0\]\[0\] = -1", **_sort([-1, 1], [1, 2], [1, 1], name=name))
+    _raises(name + ": .*power of two", **_sort([0], [1], [1], name=name, num_sc_per_chip=3))
+    _raises(name + ": the sum of sample_count_list", **_sort([0], [1], [1], name=name,
+                                                           sample_count_list=[0]))
+
+
+def _csr(counts, splits=0, rows=(0, 1, 2), **attrs):
+    n = len(rows)
+    kwargs = dict(name="ConvertToSparseCoreCsrWrappedCooTensor",
+                  sorted_row_ids_list=[np.asarray(rows, np.int32)],
+                  sorted_col_ids_list=[np.arange(n, dtype=np.int32)],
+                  sorted_gains_list=[np.ones(n, np.float32)],
+                  id_counts_list=[np.asarray(counts, np.int32)], splits=np.int64(splits),
+                  sample_count_per_sc=1, num_replica=2, max_minibatches_per_sc=2,
+                  max_ids_per_chip_per_sample=8, table_vocab_size=8, feature_width=2,
+                  table_name="t", allow_id_dropping=False)
+    kwargs.update(attrs)
+    return kwargs
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (_csr([0, 2, 1]), r"id_counts_list\[0\]\[2\] = 1 must lie in \[2, 3\]"),
+    (_csr([0, 2, 4]), r"id_counts_list\[0\]\[2\] = 4 must lie in \[2, 3\]"),
+    (_csr([-1, 2, 3]), r"id_counts_list\[0\]\[0\] = -1"),
+    (_csr([0, 3]), "id_counts_list\\[0\\] has 2 elements"),
+    (_csr([0, 1, 3], splits=-1), r"splits\[0\] = -1 is negative"),
+    (_csr([0, 1, 3], splits=1 | 2), "3 minibatches per sparse core, more than"),
+    (_csr([0, 1, 3], max_ids_per_chip_per_sample=3), "not divisible by the xla_pad_size"),
+    (dict(_csr([0, 1, 2], rows=(0, 1)), sorted_gains_list=[np.ones(3, np.float32)]),
+     "must have the same length"),
+])
+def test_csr_wrapped_bad_input(kwargs, match):
+    _raises("ConvertToSparseCoreCsrWrappedCooTensor: .*" + match, **kwargs)
