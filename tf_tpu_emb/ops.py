@@ -100,7 +100,11 @@ SPARSECORE_KERNEL_OP_NAMES = (
     "ConvertToCooTensor", "ConvertToListOfSparseCoreCooTensors",
     "SortListOfSparseCoreCooTensors", "GetStatsFromListOfSparseCoreCooTensors",
     "ConvertToSparseCoreCsrWrappedCooTensor", "GlobalIterId",
-)
+    "XlaSparseDenseMatmulWithCsrInput", "XlaSparseDenseMatmulWithStaticBufferSize",
+) + tuple("XlaSparseDenseMatmulGradWith%sAnd%s" % (o, f)
+          for o in ("Sgd", "Adagrad", "AdagradMomentum", "Adam", "Ftrl")
+          for f in ("CsrInput", "StaticBufferSize")) + tuple(
+    "XlaSparseCore" + o for o in ("Sgd", "Adagrad", "AdagradMomentum", "Adam", "Ftrl"))
 
 #: Bare name -> registered (prefixed) name, for every op of the library.
 OP_NAMES = {n: PREFIX + n for n in CORE_OP_NAMES + EXTRA_OP_NAMES}

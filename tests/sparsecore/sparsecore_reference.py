@@ -8,12 +8,22 @@ from tensorflow.python.framework import op_def_library
 PAD = 2**31 - 1
 
 
-def run_op(name, **kwargs):
+def _hidden(x):
+    if isinstance(x, (np.ndarray, np.generic)):
+        return tf.compat.v1.placeholder_with_default(x, shape=None)
+    if isinstance(x, list) and x and all(isinstance(e, np.ndarray) for e in x):
+        return [_hidden(e) for e in x]
+    return x
+
+
+def run_op(name, _hide_shapes=False, **kwargs):
     """Runs op `name` once with `kwargs` (inputs and attrs); its outputs as numpy
-    (lists for list outputs)."""
+    (lists for list outputs).  `_hide_shapes`: the numpy inputs reach the op
+    with unknown shapes (the kernel, not the shape function, sees bad ones)."""
     @tf.function(autograph=False)
     def fn():
-        _, _, op, _ = op_def_library._apply_op_helper(name, **kwargs)
+        args = {k: _hidden(v) for k, v in kwargs.items()} if _hide_shapes else kwargs
+        _, _, op, _ = op_def_library._apply_op_helper(name, **args)
         return list(op.outputs)
 
     return [o.numpy() for o in fn()]
@@ -154,3 +164,113 @@ def csr_wrapped(per_sc, splits, num_physical, max_minibatches, max_ids, allow_dr
     gn += [float(PAD)] * (max_ids - end)
     return (np.array(rp, np.int32), np.array(sid, np.int32), np.array(tid, np.int32),
             np.array(gn, np.float32), len(per_sc) * m * g_size, end, m)
+
+
+# ------------------------------------------------- §5-§7 lookup, gradient, optimizers
+
+def sc_layout(table, num_sc):
+    """The logical table in the SparseCore layout of the one-chip CPU model:
+    id c = t * num_sc + j is row j * R + t."""
+    rows = len(table)
+    r = rows // num_sc
+    out = np.empty_like(table)
+    for c in range(rows):
+        out[(c % num_sc) * r + c // num_sc] = table[c]
+    return out
+
+
+def from_sc_layout(table, num_sc):
+    rows = len(table)
+    r = rows // num_sc
+    return np.stack([table[(c % num_sc) * r + c // num_sc] for c in range(rows)])
+
+
+def pack_csr(ids_by_group, num_sc, m, max_minibatches, buffer_len):
+    """Buffers in the layout of semantics §3/§5 from, per group (sample
+    SparseCore major, minibatch minor), per shard j < num_sc, a list of
+    (sample_id, token_id, gain)."""
+    g = -(-num_sc // 8) * 8
+    rp, sid, tid, gn = [], [], [], []
+    for group in ids_by_group:
+        for j in range(g):
+            for s, t, w in (group[j] if j < num_sc else []):
+                sid.append(s); tid.append(t); gn.append(w)
+            rp.append(len(sid))
+            pad = -len(sid) % 8
+            sid += [PAD] * pad; tid += [PAD] * pad; gn += [float(PAD)] * pad
+    rp += [len(sid)] * (max_minibatches * num_sc * g - len(rp))
+    n = len(sid)
+    sid += [PAD] * (buffer_len - n); tid += [PAD] * (buffer_len - n)
+    gn += [float(PAD)] * (buffer_len - n)
+    return (np.array(rp, np.int32), np.array(sid, np.int32), np.array(tid, np.int32),
+            np.array(gn, np.float32))
+
+
+def csr_ids(row_pointers, sample_ids, token_ids, gains, num_sc, m, shard_rows, batch):
+    """(activation row, table row, gain) per id, in buffer order (semantics §5)."""
+    g = -(-num_sc // 8) * 8
+    out = []
+    for k in range(num_sc * m * g):
+        begin = 0 if k == 0 else -(-int(row_pointers[k - 1]) // 8) * 8
+        for i in range(begin, int(row_pointers[k])):
+            out.append(((k // g // m) * batch + int(sample_ids[i]),
+                        (k % g) * shard_rows + int(token_ids[i]), np.float32(gains[i])))
+    return out
+
+
+def csr_lookup(ids, table, input_size):
+    act = np.zeros((input_size, table.shape[1]), np.float32)
+    for a, r, w in ids:
+        act[a] = act[a] + w * table[r]
+    return act
+
+
+def csr_row_grads(ids, act_grads, rows):
+    grads = {}
+    for a, r, w in ids:
+        grads[r] = grads.get(r, np.zeros(act_grads.shape[1], np.float32)) + w * act_grads[a]
+    return grads
+
+
+f32 = np.float32
+
+
+def sc_update(opt, w, slots, g, lr, h):
+    """One row update of semantics §6, float32; returns (w, slots)."""
+    lr = f32(lr)
+    if opt == "sgd":
+        return w - lr * g, []
+    if opt == "adagrad":
+        acc = slots[0] + g * g
+        return w - lr * g / np.sqrt(acc), [acc]
+    if opt == "adagrad_momentum":
+        acc, m = slots
+        b1, b2, eps, ex = f32(h["beta1"]), f32(h["beta2"]), f32(h["epsilon"]), f32(h["exponent"])
+        acc = acc + g * g if b2 == 1 else b2 * acc + (f32(1) - b2) * g * g
+        s = np.power(acc + eps, -(f32(1) / ex)) * g
+        m = b1 * m + s
+        upd = b1 * m + s if h["use_nesterov"] else m
+        return w - lr * upd, [acc, m]
+    if opt == "adam":
+        m, v = slots
+        b1, b2, eps = f32(h["beta1"]), f32(h["beta2"]), f32(h["epsilon"])
+        m = b1 * m + (f32(1) - b1) * g
+        v = b2 * v + (f32(1) - b2) * g * g
+        den = np.sqrt(v + eps * eps) if h["use_sum_inside_sqrt"] else np.sqrt(v) + eps
+        return w - lr * m / den, [m, v]
+    if opt == "ftrl":
+        acc, lin = slots
+        beta, p, l1, l2 = (f32(h[k]) for k in ("beta", "learning_rate_power", "l1", "l2"))
+        acc_new = acc + g * g
+        p_new = np.power(acc_new, -p)
+        dp = p_new - np.power(acc, -p)
+        if h["multiply_linear_by_learning_rate"]:
+            lin = (lin + lr * g) - dp * w
+            num = -lin if l1 == 0 else np.clip(lin, -lr * l1, lr * l1) - lin
+            den = (p_new + f32(2) * lr * l2) + beta
+        else:
+            lin = (lin + g) - dp * w / lr
+            num = -lin if l1 == 0 else np.clip(lin, -l1, l1) - lin
+            den = (p_new + beta) / lr + f32(2) * l2
+        return num / den, [acc_new, lin]
+    raise ValueError(opt)

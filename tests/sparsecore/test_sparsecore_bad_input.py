@@ -13,9 +13,11 @@ COO = "ConvertToCooTensor"
 
 
 def _raises(match, name, **kwargs):
+    """The kernel's error: the inputs' shapes are hidden from the shape
+    functions (which catch some of these at graph construction)."""
     with pytest.raises((tf.errors.InvalidArgumentError, tf.errors.FailedPreconditionError),
                        match=match):
-        ref.run_op(name, **kwargs)
+        ref.run_op(name, _hide_shapes=True, **kwargs)
 
 
 def _coo(split, values, weights, sample_count=2, combiner="sum", name=COO):
@@ -118,3 +120,105 @@ def _csr(counts, splits=0, rows=(0, 1, 2), **attrs):
 ])
 def test_csr_wrapped_bad_input(kwargs, match):
     _raises("ConvertToSparseCoreCsrWrappedCooTensor: .*" + match, **kwargs)
+
+
+# ------------------------------------------------------- lookup and gradients
+
+def _lookup(rp=(2, 8, 8, 8, 8, 8, 8, 8), sid=(0, 1), tid=(0, 2), table_rows=4, name=None,
+            **attrs):
+    n = 8
+    sid = list(sid) + [ref.PAD] * (n - len(sid))
+    tid = list(tid) + [ref.PAD] * (n - len(tid))
+    kwargs = dict(name=name or "XlaSparseDenseMatmulWithCsrInput",
+                  row_pointers=np.asarray(rp, np.int32), sorted_sample_ids=np.asarray(sid, np.int32),
+                  sorted_token_ids=np.asarray(tid, np.int32), sorted_gains=np.ones(n, np.float32),
+                  embedding_table=np.ones((table_rows, 2), np.float32),
+                  num_minibatches_per_physical_sparse_core=np.int32(1), input_size=2,
+                  quantization_config_low=0.0, quantization_config_high=0.0,
+                  quantization_config_num_buckets=0, table_name="t",
+                  num_sparsecores_per_device=1)
+    kwargs.update(attrs)
+    return kwargs
+
+
+def test_lookup_runs_on_good_input():
+    (act,) = ref.run_op(_hide_shapes=True, **_lookup())
+    np.testing.assert_array_equal(act, np.ones((2, 2)))
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (_lookup(sid=(0, 2)), r"sorted_sample_ids\[1\] = 2 is outside \[0, 2\)"),
+    (_lookup(tid=(0, 4)), r"sorted_token_ids\[1\] = 4 is outside \[0, 4\)"),
+    (_lookup(tid=(-1, 0)), r"sorted_token_ids\[0\] = -1"),
+    (_lookup(rp=(2, 1, 2, 2, 2, 2, 2, 2)), r"row_pointers\[1\] = 1 must lie in \[8, 8\]"),
+    (_lookup(rp=(9, 9, 9, 9, 9, 9, 9, 9)), r"row_pointers\[0\] = 9 must lie in \[0, 8\]"),
+    (_lookup(rp=(2, 3, 8, 8, 8, 8, 8, 8)), r"row_pointers\[1\] = 3 must lie in \[8, 8\]"),
+    (_lookup(rp=(0, 2, 8, 8, 8, 8, 8, 8)), r"row_pointers\[1\]: segment 1 of its group holds ids"),
+    (_lookup(rp=(2, 2, 2, 2)), "needs 8 row pointers"),
+    (_lookup(num_minibatches_per_physical_sparse_core=np.int32(2)), "needs 16 row pointers"),
+    (_lookup(num_sparsecores_per_device=-1), "must be a power of two, but got: -1"),
+    (_lookup(rp=(2,) + (8,) * 15, num_sparsecores_per_device=2, table_rows=3),
+     "3 rows do not split"),
+    (_lookup(input_size=3, num_sparsecores_per_device=2), "input_size 3 is not divisible"),
+    (_lookup(sorted_gains=np.ones(3, np.float32)), "must have the same length"),
+    (_lookup(embedding_table=np.ones(4, np.float32)), "embedding_table must have rank 2"),
+])
+def test_lookup_bad_input(kwargs, match):
+    for name in ("XlaSparseDenseMatmulWithCsrInput", tte_ops.PREFIX +
+                 "XlaSparseDenseMatmulWithCsrInput"):
+        _raises("XlaSparseDenseMatmulWithCsrInput: .*" + match, **dict(kwargs, name=name))
+
+
+def test_lookup_unimplemented_features():
+    with pytest.raises(tf.errors.UnimplementedError, match="quantization"):
+        ref.run_op(**_lookup(quantization_config_num_buckets=4))
+    with pytest.raises(tf.errors.UnimplementedError, match="float32"):
+        ref.run_op(**_lookup(embedding_table=np.ones((4, 2), np.int32)))
+
+
+def _grad(**attrs):
+    kwargs = _lookup(name="XlaSparseDenseMatmulGradWithAdagradAndCsrInput")
+    for k in ("input_size", "quantization_config_low", "quantization_config_high",
+              "quantization_config_num_buckets"):
+        kwargs.pop(k)
+    kwargs.update(activation_gradients=np.ones((2, 2), np.float32),
+                  learning_rate=np.float32(0.1), accumulator=np.ones((4, 2), np.float32),
+                  clip_weight_min=-np.inf, clip_weight_max=np.inf)
+    kwargs.update(attrs)
+    return kwargs
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (_grad(sorted_token_ids=np.array([0, 7] + [0] * 6, np.int32)), r"sorted_token_ids\[1\] = 7"),
+    (_grad(activation_gradients=np.ones((1, 2), np.float32)), r"sorted_sample_ids\[1\] = 1"),
+    (_grad(activation_gradients=np.ones((2, 3), np.float32)), "have 3 columns"),
+    (_grad(accumulator=np.ones((4, 3), np.float32)), "a slot variable has shape"),
+    (_grad(learning_rate=np.ones(2, np.float32)), "learning_rate must be a scalar"),
+    (_grad(clip_weight_min=1.0, clip_weight_max=0.0), "clip_weight_min must be smaller"),
+])
+def test_gradient_bad_input(kwargs, match):
+    _raises("XlaSparseDenseMatmulGradWithAdagradAndCsrInput: .*" + match, **kwargs)
+
+
+def test_adagrad_momentum_exponent_zero():
+    kwargs = _grad(name="XlaSparseDenseMatmulGradWithAdagradMomentumAndCsrInput",
+                   momenta=np.ones((4, 2), np.float32), use_nesterov=False, exponent=0.0,
+                   beta1=0.9, beta2=1.0, epsilon=0.1)
+    _raises("exponent must not be 0", **kwargs)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(indices=np.array([0, 6], np.int32)), r"indices\[1\] = 6 is outside \[0, 6\)"),
+    (dict(indices=np.array([-1, 0], np.int32)), r"indices\[0\] = -1"),
+    (dict(gradient=np.ones((3, 2), np.float32)), "must be \\[2, feature_width = 2\\]"),
+    (dict(feature_width=3), "feature_width = 3"),
+    (dict(accumulator=np.ones((6, 3), np.float32)), "a slot variable has shape"),
+    (dict(learning_rate=np.ones((1, 1), np.float32)), "learning_rate must be a scalar"),
+])
+def test_standalone_bad_input(kwargs, match):
+    base = dict(indices=np.array([0, 1], np.int32), gradient=np.ones((2, 2), np.float32),
+                learning_rate=np.float32(0.1), accumulator=np.ones((6, 2), np.float32),
+                embedding_table=np.ones((6, 2), np.float32), feature_width=2)
+    base.update(kwargs)
+    for name in ("XlaSparseCoreAdagrad", tte_ops.PREFIX + "XlaSparseCoreAdagrad"):
+        _raises("XlaSparseCoreAdagrad: .*" + match, name=name, **base)
