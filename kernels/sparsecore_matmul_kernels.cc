@@ -275,8 +275,10 @@ absl::Status ReadGradAttrs(OpKernelConstruction* c, const std::string& op, Opt o
 absl::Status CopyToOutput(OpKernelContext* ctx, int index, const Tensor& in, float** data) {
   Tensor* out;
   TF_RETURN_IF_ERROR(ctx->allocate_output(index, in.shape(), &out));
-  std::memcpy(out->flat<float>().data(), in.flat<float>().data(),
-              sizeof(float) * in.NumElements());
+  if (in.NumElements() > 0) {  // an empty tensor's data may be null
+    std::memcpy(out->flat<float>().data(), in.flat<float>().data(),
+                sizeof(float) * in.NumElements());
+  }
   *data = out->flat<float>().data();
   return absl::OkStatus();
 }

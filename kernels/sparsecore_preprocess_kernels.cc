@@ -1,6 +1,7 @@
 // CPU kernels of the SparseCore input preprocessing (TPUEmbeddingV2): the
 // COO conversion of a feature's batch, the per-SparseCore sort and its
-// statistics, the padded CSR buffers, and GlobalIterId.  Registered as
+// statistics, the padded CSR buffers, GlobalIterId and the dynamic-shape
+// copies of the CSR buffers.  Registered as
 // TfTpuEmb>Name and under TF's name (TF's CPU wheel has no kernel for them).
 // What each computes: docs/sparsecore_semantics.md §1-§4, §8; the shared
 // arithmetic is core/sparsecore.h.  Every input is checked before anything is
@@ -675,6 +676,42 @@ class GlobalIterIdOp : public OpKernel {
   }
 };
 
+// TPUCopyWithDynamicShape / TPUAnnotateTensorsWithDynamicShape: on a TPU
+// the device copy of the CSR buffers with their unpadded sizes as dynamic
+// first dimensions; on CPU the tensors themselves (their static, padded
+// shapes stay what the shape function said; the CSR kernels read only up to
+// the row pointers).  Each unpadded size must be a scalar within its
+// tensor's first dimension (semantics §8).
+class DynamicShapeCopyOp : public OpKernel {
+ public:
+  explicit DynamicShapeCopyOp(OpKernelConstruction* c) : OpKernel(c), op_(BareOpName(c)) {
+    if (c->HasAttr("N")) OP_REQUIRES_OK(c, c->GetAttr("N", &num_sizes_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const int num_tensors = ctx->num_inputs() - num_sizes_;
+    for (int i = 0; i < num_sizes_; ++i) {
+      const Tensor& size = ctx->input(num_tensors + i);
+      TTE_SC_CHECK(ctx, size.dims() == 0,
+                   Invalid(op_, absl::StrCat("unpadded_sizes[", i, "] must be a scalar, got shape ",
+                                             size.shape().DebugString())));
+      if (i >= num_tensors) continue;
+      const Tensor& t = ctx->input(i);
+      const int64_t bound = t.dims() == 0 ? 1 : t.dim_size(0);
+      const int32_t n = size.scalar<int32_t>()();
+      TTE_SC_CHECK(ctx, n >= 0 && n <= bound,
+                   Invalid(op_, absl::StrCat("unpadded_sizes[", i, "] = ", n, " is outside [0, ",
+                                             bound, "] (the first dimension of tensors[", i,
+                                             "])")));
+    }
+    for (int i = 0; i < num_tensors; ++i) ctx->set_output(i, ctx->input(i));
+  }
+
+ private:
+  const std::string op_;
+  int num_sizes_ = 0;
+};
+
 template <typename Kernel>
 void Register(const char* bare) {
   RegisterCpuKernel<Kernel>(bare, CoreOpRegistered(bare));
@@ -687,6 +724,8 @@ bool RegisterKernels() {
   Register<GetStatsFromListOfSparseCoreCooTensorsOp>("GetStatsFromListOfSparseCoreCooTensors");
   Register<ConvertToSparseCoreCsrWrappedCooTensorOp>("ConvertToSparseCoreCsrWrappedCooTensor");
   Register<GlobalIterIdOp>("GlobalIterId");
+  Register<DynamicShapeCopyOp>("TPUCopyWithDynamicShape");
+  Register<DynamicShapeCopyOp>("TPUAnnotateTensorsWithDynamicShape");
   return true;
 }
 

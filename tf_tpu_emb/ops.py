@@ -100,6 +100,7 @@ SPARSECORE_KERNEL_OP_NAMES = (
     "ConvertToCooTensor", "ConvertToListOfSparseCoreCooTensors",
     "SortListOfSparseCoreCooTensors", "GetStatsFromListOfSparseCoreCooTensors",
     "ConvertToSparseCoreCsrWrappedCooTensor", "GlobalIterId",
+    "TPUCopyWithDynamicShape", "TPUAnnotateTensorsWithDynamicShape",
     "XlaSparseDenseMatmulWithCsrInput", "XlaSparseDenseMatmulWithStaticBufferSize",
 ) + tuple("XlaSparseDenseMatmulGradWith%sAnd%s" % (o, f)
           for o in ("Sgd", "Adagrad", "AdagradMomentum", "Adam", "Ftrl")

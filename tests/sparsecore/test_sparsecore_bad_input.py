@@ -222,3 +222,14 @@ def test_standalone_bad_input(kwargs, match):
     base.update(kwargs)
     for name in ("XlaSparseCoreAdagrad", tte_ops.PREFIX + "XlaSparseCoreAdagrad"):
         _raises("XlaSparseCoreAdagrad: .*" + match, name=name, **base)
+
+
+@pytest.mark.parametrize("sizes,match", [
+    ([np.int32(17)], r"unpadded_sizes\[0\] = 17 is outside \[0, 16\]"),
+    ([np.int32(-1)], r"unpadded_sizes\[0\] = -1"),
+    ([np.array([1, 2], np.int32)], r"unpadded_sizes\[0\] must be a scalar"),
+])
+def test_dynamic_shape_copy_bad_input(sizes, match):
+    for name in ("TPUCopyWithDynamicShape", tte_ops.PREFIX + "TPUCopyWithDynamicShape"):
+        _raises("TPUCopyWithDynamicShape: " + match, name=name,
+                tensors=[np.zeros(16, np.int32)], unpadded_sizes=sizes)

@@ -14,6 +14,7 @@ from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.framework import op_def_library
 from tensorflow.python.framework import op_def_registry
 
+import tf_features
 from tf_tpu_emb import ops as tte_ops
 
 PREFIX = tte_ops.PREFIX
@@ -38,11 +39,17 @@ def _attr(attr):
 
 
 def _defs(bare):
+    """TF's op def and ours.  Ours are TF 2.21's: an older TF (the old-TF lane)
+    may lack the op or define it with fewer attrs; there the test is skipped."""
     core = op_def_registry.get(bare)
     ours = op_def_registry.get(PREFIX + bare)
+    assert ours is not None, "tf_tpu_emb does not register %s" % (PREFIX + bare)
     if core is None:
         pytest.skip("this TensorFlow has no op %s" % bare)
-    assert ours is not None, "tf_tpu_emb does not register %s" % (PREFIX + bare)
+    if tf_features.TF_VERSION < (2, 21) and [a.name for a in core.attr] != [
+            a.name for a in ours.attr]:
+        pytest.skip("TensorFlow %d.%d defines %s differently from 2.21" % (
+            tf_features.TF_VERSION + (bare,)))
     return core, ours
 
 
@@ -179,3 +186,16 @@ def test_attr_errors_match_core():
     assert _infer(PREFIX + bare, ours, attrs, lambda n: None) == "error"
     attrs = dict(_attrs(core), col_offset_list=[0, 0, 0])
     assert _infer(PREFIX + bare, ours, attrs, lambda n: None) == "error"
+
+
+@pytest.mark.parametrize("bare", NAMES)
+def test_kernel_list_is_true(bare):
+    """SPARSECORE_KERNEL_OP_NAMES names exactly the ops with our CPU kernels
+    (TF 2.21's wheel registers none for this family)."""
+    from tensorflow.python.framework import kernels as tf_kernels
+
+    ours = tf_kernels.get_registered_kernels_for_op(PREFIX + bare).kernel
+    assert bool(ours) == (bare in tte_ops.SPARSECORE_KERNEL_OP_NAMES), bare
+    if op_def_registry.get(bare) is not None:
+        core = tf_kernels.get_registered_kernels_for_op(bare).kernel
+        assert bool(core) == (bare in tte_ops.SPARSECORE_KERNEL_OP_NAMES), bare

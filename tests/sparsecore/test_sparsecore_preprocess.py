@@ -14,6 +14,7 @@ pytestmark = [pytest.mark.usefixtures("lib")]
 PREFIX = tte_ops.PREFIX
 BOTH = pytest.mark.parametrize("prefix", ["", PREFIX], ids=["core", "ours"])
 PREPROCESS = ("ConvertToCooTensor", "ConvertToListOfSparseCoreCooTensors",
+              "TPUCopyWithDynamicShape", "TPUAnnotateTensorsWithDynamicShape",
               "SortListOfSparseCoreCooTensors", "GetStatsFromListOfSparseCoreCooTensors",
               "ConvertToSparseCoreCsrWrappedCooTensor", "GlobalIterId")
 
@@ -198,3 +199,16 @@ def test_global_iter_id():
         return acc.stack()
 
     np.testing.assert_array_equal(loop().numpy(), [0, 1, 2])
+
+
+@BOTH
+def test_dynamic_shape_copies_are_identities_on_cpu(prefix):
+    rp = np.arange(16, dtype=np.int32)
+    gains = np.linspace(0, 1, 8).astype(np.float32)
+    out = ref.run_op(prefix + "TPUCopyWithDynamicShape", tensors=[rp, gains],
+                     unpadded_sizes=[np.int32(5), np.int32(3)])
+    np.testing.assert_array_equal(out[0], rp)
+    np.testing.assert_array_equal(out[1], gains)
+    out = ref.run_op(prefix + "TPUAnnotateTensorsWithDynamicShape", tensors=[rp, gains])
+    np.testing.assert_array_equal(out[0], rp)
+    np.testing.assert_array_equal(out[1], gains)
