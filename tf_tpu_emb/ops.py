@@ -102,6 +102,7 @@ SPARSECORE_KERNEL_OP_NAMES = (
     "ConvertToSparseCoreCsrWrappedCooTensor", "GlobalIterId",
     "TPUCopyWithDynamicShape", "TPUAnnotateTensorsWithDynamicShape",
     "XlaSparseDenseMatmulWithCsrInput", "XlaSparseDenseMatmulWithStaticBufferSize",
+    "XlaSparseDenseMatmulGradWithCsrInput",
 ) + tuple("XlaSparseDenseMatmulGradWith%sAnd%s" % (o, f)
           for o in ("Sgd", "Adagrad", "AdagradMomentum", "Adam", "Ftrl")
           for f in ("CsrInput", "StaticBufferSize")) + tuple(

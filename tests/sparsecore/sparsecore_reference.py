@@ -16,12 +16,15 @@ def _hidden(x):
     return x
 
 
-def run_op(name, _hide_shapes=False, **kwargs):
+def run_op(name, _hide_shapes=False, _functions=(), **kwargs):
     """Runs op `name` once with `kwargs` (inputs and attrs); its outputs as numpy
     (lists for list outputs).  `_hide_shapes`: the numpy inputs reach the op
-    with unknown shapes (the kernel, not the shape function, sees bad ones)."""
+    with unknown shapes (the kernel, not the shape function, sees bad ones);
+    `_functions`: concrete functions the op's func attrs name."""
     @tf.function(autograph=False)
     def fn():
+        for f in _functions:  # concrete functions a func attr names
+            f.add_to_graph()
         args = {k: _hidden(v) for k, v in kwargs.items()} if _hide_shapes else kwargs
         _, _, op, _ = op_def_library._apply_op_helper(name, **args)
         return list(op.outputs)

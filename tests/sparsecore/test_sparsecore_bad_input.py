@@ -12,12 +12,12 @@ pytestmark = [pytest.mark.usefixtures("lib")]
 COO = "ConvertToCooTensor"
 
 
-def _raises(match, name, **kwargs):
+def _raises(match, name, _functions=(), **kwargs):
     """The kernel's error: the inputs' shapes are hidden from the shape
     functions (which catch some of these at graph construction)."""
     with pytest.raises((tf.errors.InvalidArgumentError, tf.errors.FailedPreconditionError),
                        match=match):
-        ref.run_op(name, _hide_shapes=True, **kwargs)
+        ref.run_op(name, _hide_shapes=True, _functions=_functions, **kwargs)
 
 
 def _coo(split, values, weights, sample_count=2, combiner="sum", name=COO):
@@ -233,3 +233,34 @@ def test_dynamic_shape_copy_bad_input(sizes, match):
     for name in ("TPUCopyWithDynamicShape", tte_ops.PREFIX + "TPUCopyWithDynamicShape"):
         _raises("TPUCopyWithDynamicShape: " + match, name=name,
                 tensors=[np.zeros(16, np.int32)], unpadded_sizes=sizes)
+
+
+def test_custom_computation_bad_input():
+    from tensorflow.core.framework import attr_value_pb2
+
+    @tf.function(autograph=False)
+    def one_output(grad, w, lr):
+        return (w - lr * grad,)
+
+    @tf.function(autograph=False)
+    def too_many(grad, w, lr):
+        return w - lr * grad, w
+
+    spec = tf.TensorSpec([1, 2], tf.float32)
+    name = "XlaSparseDenseMatmulGradWithCsrInput"
+    base = _grad(name=name)
+    for k in ("learning_rate", "accumulator", "embedding_table", "clip_weight_min",
+              "clip_weight_max"):
+        base.pop(k)
+    fn = one_output.get_concrete_function(spec, spec, spec)
+    base.update(tables=[np.ones((4, 2), np.float32)], hyperparameters=[np.float32(0.1)],
+                custom_computation=attr_value_pb2.NameAttrList(name=fn.name))
+    (out,) = ref.run_op(_functions=[fn], _hide_shapes=True, **base)
+    np.testing.assert_allclose(out[[0, 2]], 0.9)  # rows 0 and 2 (ids 0, 2), gain 1, grad 1
+    _raises(name + r": tables\[1\] has shape \[3,2\]", _functions=[fn],
+            **dict(base, tables=[np.ones((4, 2), np.float32), np.ones((3, 2), np.float32)]))
+    _raises(name + ": a hyperparameter must be a scalar", _functions=[fn],
+            **dict(base, hyperparameters=[np.ones(2, np.float32)]))
+    bad = too_many.get_concrete_function(spec, spec, spec)
+    _raises(name + ": custom_computation returned 2 tensors for 1 tables", _functions=[bad],
+            **dict(base, custom_computation=attr_value_pb2.NameAttrList(name=bad.name)))

@@ -248,3 +248,44 @@ def test_pipeline_is_an_embedding_bag(prefix, num_sc, combiner):
             grad[ids[i]] += weights[i] * scale * act_grads[s]
     np.testing.assert_allclose(ref.from_sc_layout(updated, num_sc), table - 0.5 * grad,
                                rtol=1e-5, atol=1e-6)
+
+
+@BOTH
+def test_csr_gradient_with_custom_computation(prefix):
+    """XlaSparseDenseMatmulGradWithCsrInput: the user's per-row optimizer
+    (here TF's documented Adagrad example, a vector slot beside it) is called
+    on each touched row: gradient, table rows, hyper-parameters as [1, width]."""
+    from tensorflow.core.framework import attr_value_pb2
+
+    rng = np.random.default_rng(11)
+    num_sc, m, batch, shard_rows, width = 2, 1, 3, 4, 3
+    rp, sid, tid, gn = _random_csr(rng, num_sc, m, batch, shard_rows, per_segment=5)
+    table = rng.normal(size=(num_sc * shard_rows, width)).astype(np.float32)
+    acc = rng.uniform(0.1, 1.0, table.shape).astype(np.float32)
+    count = np.zeros(len(table), np.float32)  # a [rows] slot: touches per row
+    act_grads = rng.normal(size=(num_sc * batch, width)).astype(np.float32)
+
+    @tf.function(autograph=False)
+    def adagrad(grad, w, a, n, lr, bonus):
+        new_a = a + grad * grad
+        return w - lr * grad / tf.sqrt(new_a), new_a, n + bonus[:, 0]
+
+    spec = tf.TensorSpec([1, width], tf.float32)
+    fn = adagrad.get_concrete_function(spec, spec, spec, tf.TensorSpec([1], tf.float32), spec,
+                                       spec)
+    out = ref.run_op(prefix + "XlaSparseDenseMatmulGradWithCsrInput", _functions=[fn],
+                     row_pointers=rp, sorted_sample_ids=sid, sorted_token_ids=tid,
+                     sorted_gains=gn, activation_gradients=act_grads,
+                     tables=[table, acc, count],
+                     hyperparameters=[np.float32(0.1), np.float32(1.0)],
+                     num_minibatches_per_physical_sparse_core=np.int32(m),
+                     custom_computation=attr_value_pb2.NameAttrList(name=fn.name),
+                     table_name="t", num_sparsecores_per_device=num_sc)
+    ids = ref.csr_ids(rp, sid, tid, gn, num_sc, m, shard_rows, batch)
+    want_w, want_a, want_n = table.copy(), acc.copy(), count.copy()
+    for row, g in ref.csr_row_grads(ids, act_grads, len(table)).items():
+        want_w[row], (want_a[row],) = ref.sc_update("adagrad", table[row], [acc[row]], g, 0.1, None)
+        want_n[row] += 1
+    np.testing.assert_allclose(out[0], want_w, rtol=2e-6, atol=1e-6)
+    np.testing.assert_allclose(out[1], want_a, rtol=2e-6, atol=1e-6)
+    np.testing.assert_array_equal(out[2], want_n)
