@@ -9,6 +9,7 @@
 // index, never an out-of-bounds access.
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -509,6 +510,96 @@ std::vector<int> BucketBounds(uint64_t splits) {
   return bounds;
 }
 
+// Where a SparseCore's sorted ids come from (semantics §3): its rows, cols,
+// gains and id_counts, and the id_counts position of (bucket bound, replica).
+struct CsrSource {
+  std::vector<const int32_t*> rows, cols, counts;
+  std::vector<const float*> gains;
+  std::function<int64_t(int sc, int64_t bound, int64_t replica)> position;
+};
+
+// Writes the seven outputs of the CSR buffers (semantics §3): for each
+// SparseCore, minibatch and replica the segment's ids, the row pointer and
+// the padding; the tails TF leaves unwritten filled (ours).  The sources'
+// positions have been checked by the caller.
+absl::Status WriteCsr(OpKernelContext* ctx, const std::string& op, const std::string& table,
+                      const CsrSource& source, const std::vector<int>& bounds, int num_sc,
+                      int64_t p, int64_t num_row_pointers, int64_t max_ids, bool allow_dropping,
+                      int64_t total_ids, bool minibatching) {
+  const int64_t num_minibatches = static_cast<int64_t>(bounds.size()) - 1;
+  Tensor *row_pointers_t, *sample_ids_t, *token_ids_t, *gains_t;
+  TF_RETURN_IF_ERROR(ctx->allocate_output(0, TensorShape({num_row_pointers}), &row_pointers_t));
+  TF_RETURN_IF_ERROR(ctx->allocate_output(1, TensorShape({max_ids}), &sample_ids_t));
+  TF_RETURN_IF_ERROR(ctx->allocate_output(2, TensorShape({max_ids}), &token_ids_t));
+  TF_RETURN_IF_ERROR(ctx->allocate_output(3, TensorShape({max_ids}), &gains_t));
+  int32_t* row_pointers = row_pointers_t->flat<int32_t>().data();
+  int32_t* sample_ids = sample_ids_t->flat<int32_t>().data();
+  int32_t* token_ids = token_ids_t->flat<int32_t>().data();
+  float* out_gains = gains_t->flat<float>().data();
+  const float pad_gain = static_cast<float>(sc::kXlaPadValue);
+
+  int64_t at = 0, pointer = 0, packed = 0;
+  for (int s = 0; s < num_sc; ++s) {
+    const int32_t* r = source.rows[s];
+    const int32_t* c = source.cols[s];
+    const float* g = source.gains[s];
+    const int32_t* counts = source.counts[s];
+    for (int64_t b = 1; b <= num_minibatches; ++b) {
+      for (int64_t rep = 0; rep < p; ++rep) {
+        // Without minibatching every bucket takes the replica's whole
+        // segment (TF's loop, semantics §3).
+        const int64_t begin_pos = minibatching ? source.position(s, bounds[b - 1], rep)
+                                               : source.position(s, 0, rep);
+        const int64_t end_pos = minibatching ? source.position(s, bounds[b], rep)
+                                             : source.position(s, 1, rep);
+        const int64_t begin = counts[begin_pos];
+        int64_t count = counts[end_pos] - begin;
+        if (at + count > max_ids) {
+          if (!allow_dropping) {
+            return Invalid(op, absl::StrCat("The max_ids_per_chip is set to be ", max_ids,
+                                            " which is not going to fit all ids. The remaining "
+                                            "id count is ",
+                                            total_ids - packed,
+                                            " . Please consider setting the allow_id_dropping "
+                                            "to be true. (table ",
+                                            table, ", sparse core ", s, ")"));
+          }
+          count = max_ids - at;
+        }
+        std::copy_n(c + begin, count, token_ids + at);
+        std::copy_n(r + begin, count, sample_ids + at);
+        std::copy_n(g + begin, count, out_gains + at);
+        at += count;
+        packed += count;
+        row_pointers[pointer++] = static_cast<int32_t>(at);
+        const int64_t padded = std::min(sc::RoundUp(at, sc::kXlaPadSize), max_ids);
+        std::fill(token_ids + at, token_ids + padded, sc::kXlaPadValue);
+        std::fill(sample_ids + at, sample_ids + padded, sc::kXlaPadValue);
+        std::fill(out_gains + at, out_gains + padded, pad_gain);
+        at = padded;
+      }
+      const int64_t padded = sc::RoundUp(pointer, sc::kXlaPadSize);
+      std::fill(row_pointers + pointer, row_pointers + padded, static_cast<int32_t>(at));
+      pointer = padded;
+    }
+  }
+  // Ours: the tails TF leaves unwritten.
+  std::fill(row_pointers + pointer, row_pointers + num_row_pointers, static_cast<int32_t>(at));
+  std::fill(token_ids + at, token_ids + max_ids, sc::kXlaPadValue);
+  std::fill(sample_ids + at, sample_ids + max_ids, sc::kXlaPadValue);
+  std::fill(out_gains + at, out_gains + max_ids, pad_gain);
+
+  Tensor *row_pointers_unpadded, *ids_unpadded, *minibatches;
+  TF_RETURN_IF_ERROR(ctx->allocate_output(4, TensorShape({}), &row_pointers_unpadded));
+  TF_RETURN_IF_ERROR(ctx->allocate_output(5, TensorShape({}), &ids_unpadded));
+  TF_RETURN_IF_ERROR(ctx->allocate_output(6, TensorShape({}), &minibatches));
+  row_pointers_unpadded->scalar<int32_t>()() =
+      static_cast<int32_t>(num_sc * num_minibatches * sc::RoundUp(p, sc::kXlaPadSize));
+  ids_unpadded->scalar<int32_t>()() = static_cast<int32_t>(at);
+  minibatches->scalar<int32_t>()() = static_cast<int32_t>(num_minibatches);
+  return absl::OkStatus();
+}
+
 class ConvertToSparseCoreCsrWrappedCooTensorOp : public OpKernel {
  public:
   explicit ConvertToSparseCoreCsrWrappedCooTensorOp(OpKernelConstruction* c)
@@ -588,71 +679,20 @@ class ConvertToSparseCoreCsrWrappedCooTensorOp : public OpKernel {
       total_ids += counts(counts.size() - 1);
     }
 
-    Tensor *row_pointers_t, *sample_ids_t, *token_ids_t, *gains_t;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({sizes_.row_pointers}), &row_pointers_t));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({max_ids_}), &sample_ids_t));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({max_ids_}), &token_ids_t));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({max_ids_}), &gains_t));
-    int32_t* row_pointers = row_pointers_t->flat<int32_t>().data();
-    int32_t* sample_ids = sample_ids_t->flat<int32_t>().data();
-    int32_t* token_ids = token_ids_t->flat<int32_t>().data();
-    float* out_gains = gains_t->flat<float>().data();
-    const float pad_gain = static_cast<float>(sc::kXlaPadValue);
-
-    int64_t at = 0, pointer = 0, packed = 0;
+    CsrSource source;
     for (int s = 0; s < num_sc_; ++s) {
-      const int32_t* r = rows[s].flat<int32_t>().data();
-      const int32_t* c = cols[s].flat<int32_t>().data();
-      const float* g = gains[s].flat<float>().data();
-      const int32_t* counts = id_counts[s].flat<int32_t>().data();
-      for (int64_t b = 1; b <= num_minibatches; ++b) {
-        for (int64_t rep = 0; rep < p; ++rep) {
-          const int64_t begin_pos = minibatching ? rep * sc::kMaxDivisions + bounds[b - 1] : rep;
-          const int64_t end_pos = minibatching ? rep * sc::kMaxDivisions + bounds[b] : rep + 1;
-          const int64_t begin = counts[begin_pos];
-          int64_t count = counts[end_pos] - begin;
-          if (at + count > max_ids_) {
-            TTE_SC_CHECK(ctx, allow_dropping_,
-                         Invalid(op_, absl::StrCat("The max_ids_per_chip is set to be ", max_ids_,
-                                                   " which is not going to fit all ids. The "
-                                                   "remaining id count is ",
-                                                   total_ids - packed,
-                                                   " . Please consider setting the "
-                                                   "allow_id_dropping to be true. (table ",
-                                                   table_, ", sparse core ", s, ")")));
-            count = max_ids_ - at;
-          }
-          std::copy_n(c + begin, count, token_ids + at);
-          std::copy_n(r + begin, count, sample_ids + at);
-          std::copy_n(g + begin, count, out_gains + at);
-          at += count;
-          packed += count;
-          row_pointers[pointer++] = static_cast<int32_t>(at);
-          const int64_t padded = std::min(sc::RoundUp(at, sc::kXlaPadSize), max_ids_);
-          std::fill(token_ids + at, token_ids + padded, sc::kXlaPadValue);
-          std::fill(sample_ids + at, sample_ids + padded, sc::kXlaPadValue);
-          std::fill(out_gains + at, out_gains + padded, pad_gain);
-          at = padded;
-        }
-        const int64_t padded = sc::RoundUp(pointer, sc::kXlaPadSize);
-        std::fill(row_pointers + pointer, row_pointers + padded, static_cast<int32_t>(at));
-        pointer = padded;
-      }
+      source.rows.push_back(rows[s].flat<int32_t>().data());
+      source.cols.push_back(cols[s].flat<int32_t>().data());
+      source.gains.push_back(gains[s].flat<float>().data());
+      source.counts.push_back(id_counts[s].flat<int32_t>().data());
     }
-    // Ours: the tails TF leaves unwritten.
-    std::fill(row_pointers + pointer, row_pointers + sizes_.row_pointers, static_cast<int32_t>(at));
-    std::fill(token_ids + at, token_ids + max_ids_, sc::kXlaPadValue);
-    std::fill(sample_ids + at, sample_ids + max_ids_, sc::kXlaPadValue);
-    std::fill(out_gains + at, out_gains + max_ids_, pad_gain);
-
-    Tensor *row_pointers_unpadded, *ids_unpadded, *minibatches;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({}), &row_pointers_unpadded));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(5, TensorShape({}), &ids_unpadded));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(6, TensorShape({}), &minibatches));
-    row_pointers_unpadded->scalar<int32_t>()() =
-        static_cast<int32_t>(num_sc_ * num_minibatches * sc::RoundUp(p, sc::kXlaPadSize));
-    ids_unpadded->scalar<int32_t>()() = static_cast<int32_t>(at);
-    minibatches->scalar<int32_t>()() = static_cast<int32_t>(num_minibatches);
+    source.position = [&](int s, int64_t bound, int64_t rep) -> int64_t {
+      (void)s;
+      return minibatching ? rep * sc::kMaxDivisions + bound : rep + (bound > 0 ? 1 : 0);
+    };
+    OP_REQUIRES_OK(ctx, WriteCsr(ctx, op_, table_, source, bounds, num_sc_, p,
+                                 sizes_.row_pointers, max_ids_, allow_dropping_, total_ids,
+                                 minibatching));
   }
 
  private:
@@ -662,6 +702,261 @@ class ConvertToSparseCoreCsrWrappedCooTensorOp : public OpKernel {
   bool allow_dropping_ = false;
   int64_t num_physical_ = 1, max_ids_ = 0;
   sc::CsrBufferSizes sizes_{};
+};
+
+// ------------------------------------------------------ §4 minibatching on CPU
+
+// GetMinibatchSplitsWithPhysicalReplica: the whole chip's COO tensors (rows
+// ascending) sorted per SparseCore into the 64 id-space divisions of each
+// physical replica.  On a TPU the per-partition limits come from the FDO
+// store by program_key and decide the splits; a CPU has no such limit
+// (semantics §4): no split is needed, nothing is dropped, splits is 0.
+class GetMinibatchSplitsWithPhysicalReplicaOp : public OpKernel {
+ public:
+  explicit GetMinibatchSplitsWithPhysicalReplicaOp(OpKernelConstruction* c)
+      : OpKernel(c), op_(BareOpName(c)) {
+    int num_replica;
+    OP_REQUIRES_OK(c, c->GetAttr("sample_count", &sample_count_));
+    OP_REQUIRES_OK(c, c->GetAttr("num_replica", &num_replica));
+    OP_REQUIRES_OK(c, c->GetAttr("table_vocab_size", &vocab_));
+    OP_REQUIRES_OK(c, c->GetAttr("num_sc_per_chip", &num_sc_));
+    OP_REQUIRES(c, sample_count_ % num_sc_ == 0,
+                Invalid(op_, absl::StrCat("sample_count ", sample_count_,
+                                          " is not divisible by the number of sparsecores per "
+                                          "chip ",
+                                          num_sc_)));
+    num_physical_ = static_cast<int64_t>(num_replica) * num_sc_;
+    OP_REQUIRES(c, num_physical_ * num_sc_ * sc::kMaxDivisions < kInt32Max,
+                Invalid(op_, absl::StrCat(num_physical_, " physical replicas are too many")));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& rows_t = ctx->input(1);
+    const Tensor& cols_t = ctx->input(2);
+    const Tensor& gains_t = ctx->input(3);
+    OP_REQUIRES_OK(ctx, RankOne(op_, "row_ids", rows_t));
+    OP_REQUIRES_OK(ctx, RankOne(op_, "col_ids", cols_t));
+    OP_REQUIRES_OK(ctx, RankOne(op_, "gains", gains_t));
+    const int64_t n = rows_t.NumElements();
+    OP_REQUIRES(ctx, cols_t.NumElements() == n && gains_t.NumElements() == n,
+                Invalid(op_, absl::StrCat("row_ids (", n, "), col_ids (", cols_t.NumElements(),
+                                          ") and gains (", gains_t.NumElements(),
+                                          ") must have the same length")));
+    const auto rows = rows_t.vec<int32_t>();
+    const auto cols = cols_t.vec<int32_t>();
+    const auto gains = gains_t.vec<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      TTE_SC_CHECK(ctx, rows(i) >= 0 && rows(i) < sample_count_,
+                   Invalid(op_, absl::StrCat("row_ids[", i, "] = ", rows(i), " is outside [0, ",
+                                             sample_count_, ")")));
+      TTE_SC_CHECK(ctx, i == 0 || rows(i) >= rows(i - 1),
+                   Invalid(op_, absl::StrCat("row_ids[", i, "] = ", rows(i),
+                                             " is smaller than the row before it: row ids need "
+                                             "to be sorted in ascending order")));
+      TTE_SC_CHECK(ctx, cols(i) >= 0 && cols(i) < vocab_,
+                   Invalid(op_, absl::StrCat("col_ids[", i, "] = ", cols(i), " is outside [0, ",
+                                             vocab_, ") (table_vocab_size)")));
+    }
+    const int64_t p = num_physical_, per_sc = sample_count_ / num_sc_;
+    const int64_t division = (static_cast<int64_t>(vocab_) + sc::kMaxDivisions - 1) /
+                             sc::kMaxDivisions;
+    const int64_t num_counts = sc::kMaxDivisions * num_sc_ * p;
+    // Per SparseCore, its kept (deduplicated) ids in (col, position) order,
+    // and the count of every (replica, division).
+    std::vector<std::vector<Kept>> kept(num_sc_);
+    std::vector<int64_t> count(num_counts, 0);
+    int64_t max_ids = 0, max_uniques = 0;
+    int64_t begin = 0;
+    for (int s = 0; s < num_sc_; ++s) {
+      int64_t end = begin;
+      while (end < n && rows(end) < (s + 1) * per_sc) ++end;
+      std::vector<int64_t> order(end - begin);
+      std::iota(order.begin(), order.end(), begin);
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int64_t a, int64_t b) { return cols(a) < cols(b); });
+      std::vector<int64_t> ids(p, 0), uniques(p, 0);
+      int32_t prev_row = -1, prev_col = -1;
+      for (const int64_t i : order) {
+        if (rows(i) != prev_row || cols(i) != prev_col) {
+          kept[s].push_back({rows(i), cols(i), gains(i)});
+          const int64_t rep = cols(i) % p;
+          const int64_t bucket = std::min<int64_t>(cols(i) / division, sc::kMaxDivisions - 1);
+          ++count[(s * p + rep) * sc::kMaxDivisions + bucket];
+          ++ids[rep];
+          if (cols(i) != prev_col) ++uniques[rep];
+        } else {
+          kept[s].back().gain += gains(i);
+        }
+        prev_row = rows(i);
+        prev_col = cols(i);
+      }
+      max_ids = std::max(max_ids, *std::max_element(ids.begin(), ids.end()));
+      max_uniques = std::max(max_uniques, *std::max_element(uniques.begin(), uniques.end()));
+      begin = end;
+    }
+    Tensor* id_counts_t;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({num_counts + 1}), &id_counts_t));
+    auto id_counts = id_counts_t->vec<int32_t>();
+    id_counts(0) = 0;
+    for (int64_t k = 0; k < num_counts; ++k) {
+      id_counts(k + 1) = id_counts(k) + static_cast<int32_t>(count[k]);
+    }
+    const int64_t total = id_counts(num_counts);
+    Tensor *out_rows, *out_cols, *out_gains;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({total}), &out_rows));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({total}), &out_cols));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({total}), &out_gains));
+    std::vector<int64_t> next(id_counts.data(), id_counts.data() + num_counts);
+    for (int s = 0; s < num_sc_; ++s) {
+      for (const Kept& k : kept[s]) {
+        const int64_t bucket = std::min<int64_t>(k.col / division, sc::kMaxDivisions - 1);
+        const int64_t at = next[(s * p + k.col % p) * sc::kMaxDivisions + bucket]++;
+        out_rows->vec<int32_t>()(at) = static_cast<int32_t>(k.row % per_sc);
+        out_cols->vec<int32_t>()(at) = static_cast<int32_t>(k.col / p);
+        out_gains->vec<float>()(at) = k.gain;
+      }
+    }
+    Tensor *splits, *max_ids_t, *max_uniques_t;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({}), &splits));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(5, TensorShape({}), &max_ids_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(6, TensorShape({}), &max_uniques_t));
+    splits->scalar<int64_t>()() = 0;
+    max_ids_t->scalar<int32_t>()() = static_cast<int32_t>(max_ids);
+    max_uniques_t->scalar<int32_t>()() = static_cast<int32_t>(max_uniques);
+  }
+
+ private:
+  const std::string op_;
+  int sample_count_ = 1, vocab_ = 1, num_sc_ = 1;
+  int64_t num_physical_ = 1;
+};
+
+// GetMinibatchesInCsrWithPhysicalReplica: the CSR buffers (semantics §3)
+// of GetMinibatchSplitsWithPhysicalReplica's output, its minibatches cut at
+// `splits` (0 on CPU, or any caller's).  No id dropping (TF's flag
+// tf_xla_sparse_core_allow_id_dropping_for_minibatching defaults to off).
+class GetMinibatchesInCsrWithPhysicalReplicaOp : public OpKernel {
+ public:
+  explicit GetMinibatchesInCsrWithPhysicalReplicaOp(OpKernelConstruction* c)
+      : OpKernel(c), op_(BareOpName(c)) {
+    int num_replica, sample_count, per_sample;
+    OP_REQUIRES_OK(c, c->GetAttr("table_name", &table_));
+    OP_REQUIRES_OK(c, c->GetAttr("num_replica", &num_replica));
+    OP_REQUIRES_OK(c, c->GetAttr("sample_count", &sample_count));
+    OP_REQUIRES_OK(c, c->GetAttr("max_minibatches_per_sc", &max_minibatches_));
+    OP_REQUIRES_OK(c, c->GetAttr("max_ids_per_chip_per_sample", &per_sample));
+    OP_REQUIRES_OK(c, c->GetAttr("num_sc_per_chip", &num_sc_));
+    OP_REQUIRES(c, sample_count % num_sc_ == 0,
+                Invalid(op_, absl::StrCat("sample_count ", sample_count,
+                                          " is not divisible by the number of sparsecores per "
+                                          "chip ",
+                                          num_sc_)));
+    num_physical_ = static_cast<int64_t>(num_replica) * num_sc_;
+    max_ids_ = static_cast<int64_t>(per_sample) * sample_count;
+    sizes_ = sc::CsrBufferSizesFor(num_replica, num_sc_, max_minibatches_, max_ids_);
+    OP_REQUIRES(c, max_ids_ <= kInt32Max && sizes_.row_pointers <= kInt32Max &&
+                       num_physical_ * num_sc_ * sc::kMaxDivisions < kInt32Max,
+                Invalid(op_, absl::StrCat("the buffers (", sizes_.row_pointers, " row pointers, ",
+                                          max_ids_, " ids) exceed int32")));
+    OP_REQUIRES(c, max_ids_ % sc::kXlaPadSize == 0,
+                Invalid(op_, absl::StrCat("The max_ids_per_chip is set to be ", max_ids_,
+                                          " which is not divisible by the xla_pad_size ",
+                                          sc::kXlaPadSize, " .")));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& rows = ctx->input(1);
+    const Tensor& cols = ctx->input(2);
+    const Tensor& gains = ctx->input(3);
+    const Tensor& splits_t = ctx->input(4);
+    const Tensor& counts_t = ctx->input(5);
+    OP_REQUIRES_OK(ctx, RankOne(op_, "id_counts", counts_t));
+    const int64_t n = rows.NumElements(), p = num_physical_;
+    OP_REQUIRES(ctx, cols.NumElements() == n && gains.NumElements() == n,
+                Invalid(op_, absl::StrCat("row_ids (", n, "), col_ids (", cols.NumElements(),
+                                          ") and gains (", gains.NumElements(),
+                                          ") must have the same length")));
+    const int64_t num_counts = sc::kMaxDivisions * num_sc_ * p + 1;
+    OP_REQUIRES(ctx, counts_t.NumElements() == num_counts,
+                Invalid(op_, absl::StrCat("id_counts has ", counts_t.NumElements(),
+                                          " elements; 64 divisions * ", num_sc_,
+                                          " sparse cores * ", p, " replicas + 1 = ", num_counts,
+                                          " expected")));
+    const auto counts = counts_t.vec<int32_t>();
+    for (int64_t i = 0; i < num_counts; ++i) {
+      const int32_t prev = i == 0 ? 0 : counts(i - 1);
+      TTE_SC_CHECK(ctx, counts(i) >= prev && counts(i) <= n,
+                   Invalid(op_, absl::StrCat("id_counts[", i, "] = ", counts(i), " must lie in [",
+                                             prev, ", ", n,
+                                             "] (non-decreasing, at most the ids' length)")));
+    }
+    uint64_t splits = 0;
+    const auto split_values = splits_t.flat<int64_t>();
+    for (int64_t i = 0; i < split_values.size(); ++i) {
+      TTE_SC_CHECK(ctx, split_values(i) >= 0,
+                   Invalid(op_, absl::StrCat("splits[", i, "] = ", split_values(i),
+                                             " is negative (bit 63 is no split point)")));
+      splits |= static_cast<uint64_t>(split_values(i));
+    }
+    const std::vector<int> bounds = BucketBounds(splits);
+    const int64_t num_minibatches = static_cast<int64_t>(bounds.size()) - 1;
+    TTE_SC_CHECK(ctx, num_minibatches <= max_minibatches_,
+                 Invalid(op_, absl::StrCat("The number of minibatches per sparse core is ",
+                                           num_minibatches,
+                                           ". But the max minibatches per sparse core is set to "
+                                           "be ",
+                                           max_minibatches_, " which is smaller.")));
+    CsrSource source;
+    for (int s = 0; s < num_sc_; ++s) {
+      source.rows.push_back(rows.flat<int32_t>().data());
+      source.cols.push_back(cols.flat<int32_t>().data());
+      source.gains.push_back(gains.flat<float>().data());
+      source.counts.push_back(counts.data());
+    }
+    source.position = [p](int s, int64_t bound, int64_t rep) -> int64_t {
+      return (s * p + rep) * sc::kMaxDivisions + bound;
+    };
+    OP_REQUIRES_OK(ctx, WriteCsr(ctx, op_, table_, source, bounds, num_sc_, p,
+                                 sizes_.row_pointers, max_ids_, /*allow_dropping=*/false,
+                                 counts(num_counts - 1), /*minibatching=*/true));
+  }
+
+ private:
+  const std::string op_;
+  std::string table_;
+  int max_minibatches_ = 1, num_sc_ = 1;
+  int64_t num_physical_ = 1, max_ids_ = 0;
+  sc::CsrBufferSizes sizes_{};
+};
+
+// StoreMinibatchStatisticsInFdo: on a TPU, records max_ids/max_uniques in
+// the FDO store of the program; a CPU has none (semantics §4): it checks
+// its inputs are scalars and records nothing.
+class StoreMinibatchStatisticsInFdoOp : public OpKernel {
+ public:
+  explicit StoreMinibatchStatisticsInFdoOp(OpKernelConstruction* c)
+      : OpKernel(c), op_(BareOpName(c)) {
+    int sample_count, num_sc;
+    OP_REQUIRES_OK(c, c->GetAttr("sample_count", &sample_count));
+    OP_REQUIRES_OK(c, c->GetAttr("num_sc_per_chip", &num_sc));
+    OP_REQUIRES(c, sample_count % num_sc == 0,
+                Invalid(op_, absl::StrCat("sample_count ", sample_count,
+                                          " is not divisible by the number of sparsecores per "
+                                          "chip ",
+                                          num_sc)));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    for (int i : {1, 2}) {
+      TTE_SC_CHECK(ctx, ctx->input(i).NumElements() == 1,
+                   Invalid(op_, absl::StrCat(i == 1 ? "max_ids" : "max_uniques",
+                                             " must be a scalar, got shape ",
+                                             ctx->input(i).shape().DebugString())));
+    }
+  }
+
+ private:
+  const std::string op_;
 };
 
 // ------------------------------------------------------------------ §8 other
@@ -723,6 +1018,9 @@ bool RegisterKernels() {
   Register<SortListOfSparseCoreCooTensorsOp>("SortListOfSparseCoreCooTensors");
   Register<GetStatsFromListOfSparseCoreCooTensorsOp>("GetStatsFromListOfSparseCoreCooTensors");
   Register<ConvertToSparseCoreCsrWrappedCooTensorOp>("ConvertToSparseCoreCsrWrappedCooTensor");
+  Register<GetMinibatchSplitsWithPhysicalReplicaOp>("GetMinibatchSplitsWithPhysicalReplica");
+  Register<GetMinibatchesInCsrWithPhysicalReplicaOp>("GetMinibatchesInCsrWithPhysicalReplica");
+  Register<StoreMinibatchStatisticsInFdoOp>("StoreMinibatchStatisticsInFdo");
   Register<GlobalIterIdOp>("GlobalIterId");
   Register<DynamicShapeCopyOp>("TPUCopyWithDynamicShape");
   Register<DynamicShapeCopyOp>("TPUAnnotateTensorsWithDynamicShape");

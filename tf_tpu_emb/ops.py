@@ -101,6 +101,8 @@ SPARSECORE_KERNEL_OP_NAMES = (
     "SortListOfSparseCoreCooTensors", "GetStatsFromListOfSparseCoreCooTensors",
     "ConvertToSparseCoreCsrWrappedCooTensor", "GlobalIterId",
     "TPUCopyWithDynamicShape", "TPUAnnotateTensorsWithDynamicShape",
+    "GetMinibatchSplitsWithPhysicalReplica", "GetMinibatchesInCsrWithPhysicalReplica",
+    "StoreMinibatchStatisticsInFdo",
     "XlaSparseDenseMatmulWithCsrInput", "XlaSparseDenseMatmulWithStaticBufferSize",
     "XlaSparseDenseMatmulGradWithCsrInput",
 ) + tuple("XlaSparseDenseMatmulGradWith%sAnd%s" % (o, f)

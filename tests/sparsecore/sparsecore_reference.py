@@ -277,3 +277,24 @@ def sc_update(opt, w, slots, g, lr, h):
             den = (p_new + beta) / lr + f32(2) * l2
         return num / den, [acc_new, lin]
     raise ValueError(opt)
+
+
+def minibatch_splits(rows, cols, gains, sample_count, num_sc, num_physical, vocab):
+    """GetMinibatchSplitsWithPhysicalReplica's outputs on CPU (semantics §4):
+    (sorted rows, cols, gains, splits, id_counts, max_ids, max_uniques)."""
+    per_sc = sample_count // num_sc
+    division = -(-vocab // 64)
+    buckets = [[] for _ in range(64 * num_sc * num_physical)]
+    max_ids = max_uniques = 0
+    for s in range(num_sc):
+        sel = (rows // per_sc) == s
+        kept, counts, uniques = sort_list([(rows[sel], cols[sel], gains[sel])], [0],
+                                          num_physical)
+        max_ids, max_uniques = max(max_ids, counts.max()), max(max_uniques, uniques.max())
+        for r, c, g in kept[0]:
+            k = (s * num_physical + c % num_physical) * 64 + min(c // division, 63)
+            buckets[k].append((r % per_sc, c // num_physical, g))
+    flat = [e for b in buckets for e in b]
+    id_counts = np.concatenate([[0], np.cumsum([len(b) for b in buckets])]).astype(np.int32)
+    return (np.array([e[0] for e in flat], np.int32), np.array([e[1] for e in flat], np.int32),
+            np.array([e[2] for e in flat], np.float32), 0, id_counts, max_ids, max_uniques)

@@ -264,3 +264,60 @@ def test_custom_computation_bad_input():
     bad = too_many.get_concrete_function(spec, spec, spec)
     _raises(name + ": custom_computation returned 2 tensors for 1 tables", _functions=[bad],
             **dict(base, custom_computation=attr_value_pb2.NameAttrList(name=bad.name)))
+
+
+def _splits_op(rows, cols, gains=None, **attrs):
+    n = len(cols)
+    kwargs = dict(name="GetMinibatchSplitsWithPhysicalReplica", program_key=np.array(["k"]),
+                  row_ids=np.asarray(rows, np.int32), col_ids=np.asarray(cols, np.int32),
+                  gains=np.ones(n, np.float32) if gains is None else gains, sample_count=4,
+                  num_replica=1, table_vocab_size=8, feature_width=2, num_sc_per_chip=2,
+                  table_name="t", mini_batch_splits="")
+    kwargs.update(attrs)
+    return kwargs
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (_splits_op([1, 0], [1, 2]), r"row_ids\[1\] = 0 is smaller than the row before it"),
+    (_splits_op([0, 4], [1, 2]), r"row_ids\[1\] = 4 is outside \[0, 4\)"),
+    (_splits_op([0, 1], [1, 8]), r"col_ids\[1\] = 8 is outside \[0, 8\)"),
+    (_splits_op([0, 1], [-1, 2]), r"col_ids\[0\] = -1"),
+    (_splits_op([0, 1], [1, 2], gains=np.ones(3, np.float32)), "must have the same length"),
+    (_splits_op([0, 1], [1, 2], sample_count=3), "sample_count 3 is not divisible"),
+])
+def test_minibatch_splits_bad_input(kwargs, match):
+    _raises("GetMinibatchSplitsWithPhysicalReplica: .*" + match, **kwargs)
+
+
+def _csr_op(counts, splits=0, **attrs):
+    kwargs = dict(name="GetMinibatchesInCsrWithPhysicalReplica", program_key=np.array(["k"]),
+                  row_ids=np.zeros(3, np.int32), col_ids=np.zeros(3, np.int32),
+                  gains=np.ones(3, np.float32), splits=np.array([splits], np.int64),
+                  id_counts=np.asarray(counts, np.int32), sample_count=2, num_replica=1,
+                  max_minibatches_per_sc=1, max_ids_per_chip_per_sample=8, table_vocab_size=8,
+                  feature_width=2, num_sc_per_chip=1, table_name="t", mini_batch_in_csr="")
+    kwargs.update(attrs)
+    return kwargs
+
+
+GOOD_COUNTS = [0] + [3] * 64
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (_csr_op([0] * 64), "id_counts has 64 elements"),
+    (_csr_op([0, 2, 1] + [3] * 62), r"id_counts\[2\] = 1 must lie in \[2, 3\]"),
+    (_csr_op([0] + [4] * 64), r"id_counts\[1\] = 4 must lie in \[0, 3\]"),
+    (_csr_op(GOOD_COUNTS, splits=1), "The number of minibatches per sparse core is 2"),
+    (_csr_op(GOOD_COUNTS, splits=-3), r"splits\[0\] = -3 is negative"),
+    (_csr_op(GOOD_COUNTS, max_ids_per_chip_per_sample=3), "not divisible by the xla_pad_size"),
+])
+def test_minibatches_in_csr_bad_input(kwargs, match):
+    _raises("GetMinibatchesInCsrWithPhysicalReplica: .*" + match, **kwargs)
+
+
+def test_store_minibatch_statistics_bad_input():
+    _raises(r"StoreMinibatchStatisticsInFdo: max_ids must be a scalar",
+            name="StoreMinibatchStatisticsInFdo", program_key=np.array(["k"]),
+            max_ids=np.ones(2, np.int32), max_uniques=np.int32(1), sample_count=2,
+            num_replica=1, feature_width=2, num_sc_per_chip=1, table_name="t",
+            mini_batch_splits="")

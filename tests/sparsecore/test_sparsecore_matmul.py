@@ -289,3 +289,38 @@ def test_csr_gradient_with_custom_computation(prefix):
     np.testing.assert_allclose(out[0], want_w, rtol=2e-6, atol=1e-6)
     np.testing.assert_allclose(out[1], want_a, rtol=2e-6, atol=1e-6)
     np.testing.assert_array_equal(out[2], want_n)
+
+
+@BOTH
+@pytest.mark.parametrize("num_sc", [1, 4])
+def test_minibatching_pipeline_is_an_embedding_bag(prefix, num_sc):
+    """ConvertToCooTensor -> GetMinibatchSplits -> GetMinibatchesInCsr -> lookup,
+    the path of TPUEmbeddingV2's minibatching, against a plain embedding bag."""
+    rng = np.random.default_rng(40 + num_sc)
+    sample_count, vocab, width = 8, 24, 2
+    lens = rng.integers(0, 5, sample_count)
+    ids = rng.integers(0, vocab, int(lens.sum())).astype(np.int32)
+    split = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    rows, cols, gains = ref.run_op(prefix + "ConvertToCooTensor", indices_or_row_splits=split,
+                                   values=ids, weights=np.float32(1.0),
+                                   sample_count=sample_count, combiner="mean")
+    common = dict(program_key=np.array([""]), sample_count=sample_count, num_replica=1,
+                  table_vocab_size=vocab, feature_width=width, num_sc_per_chip=num_sc,
+                  table_name="t")
+    srows, scols, sgains, splits, id_counts, _, _ = ref.run_op(
+        prefix + "GetMinibatchSplitsWithPhysicalReplica", row_ids=rows, col_ids=cols,
+        gains=gains, mini_batch_splits="", **common)
+    rp, sid, tid, gn, _, _, m = ref.run_op(
+        prefix + "GetMinibatchesInCsrWithPhysicalReplica", row_ids=srows, col_ids=scols,
+        gains=sgains, splits=np.reshape(splits, [1]), id_counts=id_counts,
+        max_minibatches_per_sc=2, max_ids_per_chip_per_sample=16, mini_batch_in_csr="",
+        **common)
+    table = rng.normal(size=(vocab, width)).astype(np.float32)
+    (act,) = ref.run_op(prefix + "XlaSparseDenseMatmulWithCsrInput", row_pointers=rp,
+                        sorted_sample_ids=sid, sorted_token_ids=tid, sorted_gains=gn,
+                        embedding_table=ref.sc_layout(table, num_sc),
+                        num_minibatches_per_physical_sparse_core=m, input_size=sample_count,
+                        num_sparsecores_per_device=num_sc, **LOOKUP_ATTRS)
+    want = np.stack([table[ids[split[s]:split[s + 1]]].mean(0) if lens[s] else np.zeros(width)
+                     for s in range(sample_count)])
+    np.testing.assert_allclose(act, want, rtol=1e-5, atol=1e-6)

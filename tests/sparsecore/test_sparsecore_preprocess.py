@@ -15,6 +15,8 @@ PREFIX = tte_ops.PREFIX
 BOTH = pytest.mark.parametrize("prefix", ["", PREFIX], ids=["core", "ours"])
 PREPROCESS = ("ConvertToCooTensor", "ConvertToListOfSparseCoreCooTensors",
               "TPUCopyWithDynamicShape", "TPUAnnotateTensorsWithDynamicShape",
+              "GetMinibatchSplitsWithPhysicalReplica", "GetMinibatchesInCsrWithPhysicalReplica",
+              "StoreMinibatchStatisticsInFdo",
               "SortListOfSparseCoreCooTensors", "GetStatsFromListOfSparseCoreCooTensors",
               "ConvertToSparseCoreCsrWrappedCooTensor", "GlobalIterId")
 
@@ -212,3 +214,43 @@ def test_dynamic_shape_copies_are_identities_on_cpu(prefix):
     out = ref.run_op(prefix + "TPUAnnotateTensorsWithDynamicShape", tensors=[rp, gains])
     np.testing.assert_array_equal(out[0], rp)
     np.testing.assert_array_equal(out[1], gains)
+
+
+def _chip_coo(rng, sample_count, vocab, n=40):
+    rows = np.sort(rng.integers(0, sample_count, n)).astype(np.int32)
+    cols = rng.integers(0, vocab, n).astype(np.int32)
+    cols[1::4] = cols[0:n - 1:4][:len(cols[1::4])]  # repeats: dedup within a sample
+    return rows, cols, rng.uniform(0.1, 1.0, n).astype(np.float32)
+
+
+@BOTH
+@pytest.mark.parametrize("num_replica,num_sc,vocab", [(1, 1, 64), (1, 4, 200), (2, 2, 1000)])
+def test_minibatch_splits_and_csr(prefix, num_replica, num_sc, vocab):
+    rng = np.random.default_rng(vocab + num_sc)
+    sample_count = 8
+    rows, cols, gains = _chip_coo(rng, sample_count, vocab)
+    p = num_replica * num_sc
+    common = dict(program_key=np.array(["k"]), sample_count=sample_count,
+                  num_replica=num_replica, table_vocab_size=vocab, feature_width=4,
+                  num_sc_per_chip=num_sc, table_name="t")
+    out = ref.run_op(prefix + "GetMinibatchSplitsWithPhysicalReplica", row_ids=rows,
+                     col_ids=cols, gains=gains, mini_batch_splits="", **common)
+    want = ref.minibatch_splits(rows, cols, gains, sample_count, num_sc, p, vocab)
+    assert len(out) == 7
+    for i, (got, exp) in enumerate(zip(out, want)):
+        np.testing.assert_array_equal(got, exp, err_msg="output %d" % i)
+    srows, scols, sgains, _, id_counts, _, _ = out
+    for splits in (0, 1 | 4):  # the CPU's splits, and a caller's (3 minibatches)
+        csr = ref.run_op(prefix + "GetMinibatchesInCsrWithPhysicalReplica", row_ids=srows,
+                         col_ids=scols, gains=sgains, splits=np.array([splits], np.int64),
+                         id_counts=id_counts, max_minibatches_per_sc=4,
+                         max_ids_per_chip_per_sample=32, mini_batch_in_csr="", **common)
+        per_sc = [(srows, scols, sgains, id_counts[s * p * 64:(s + 1) * p * 64 + 1])
+                  for s in range(num_sc)]
+        exp = ref.csr_wrapped(per_sc, splits, p, 4, 32 * sample_count, False)
+        for i, (got, e) in enumerate(zip(csr, exp)):
+            np.testing.assert_array_equal(got, e, err_msg="splits %d output %d" % (splits, i))
+    assert ref.run_op(prefix + "StoreMinibatchStatisticsInFdo", program_key=np.array(["k"]),
+                      max_ids=out[5], max_uniques=out[6], sample_count=sample_count,
+                      num_replica=num_replica, feature_width=4, num_sc_per_chip=num_sc,
+                      table_name="t", mini_batch_splits="") == []
