@@ -321,3 +321,61 @@ def test_store_minibatch_statistics_bad_input():
             max_ids=np.ones(2, np.int32), max_uniques=np.int32(1), sample_count=2,
             num_replica=1, feature_width=2, num_sc_per_chip=1, table_name="t",
             mini_batch_splits="")
+
+
+OPT_INFIX = ("Sgd", "Adagrad", "AdagradMomentum", "Adam", "Ftrl")
+
+
+def _opt_attrs(infix, standalone):
+    f = np.float32
+    table = np.ones((4, 2), np.float32)
+    slots = {"Sgd": {}, "Adagrad": {"accumulator": table},
+             "AdagradMomentum": {"accumulator": table,
+                                 ("momentum" if standalone else "momenta"): table},
+             "Adam": {("momentum" if standalone else "momenta"): table, "velocity": table},
+             "Ftrl": {"accumulator": table, "linear": table}}[infix]
+    if standalone:
+        hyper = {"Sgd": {}, "Adagrad": {},
+                 "AdagradMomentum": dict(beta_1=f(0.9), epsilon=f(0.1), use_nesterov=False,
+                                         beta_2=0.99, exponent=2.0),
+                 "Adam": dict(beta_1=f(0.9), beta_2=f(0.99), epsilon=f(0.1),
+                              use_sum_inside_sqrt=False),
+                 "Ftrl": dict(beta=f(0.1), learning_rate_power=f(-0.5),
+                              l2_regularization_strength=f(0.0),
+                              multiply_linear_by_learning_rate=False,
+                              l1_regularization_strength=0.0)}[infix]
+    else:
+        hyper = {"Sgd": {}, "Adagrad": {},
+                 "AdagradMomentum": dict(use_nesterov=False, exponent=2.0, beta1=0.9,
+                                         beta2=0.99, epsilon=0.1),
+                 "Adam": dict(use_sum_inside_sqrt=False, beta1=0.9, beta2=0.99, epsilon=0.1),
+                 "Ftrl": dict(multiply_linear_by_learning_rate=False, beta=0.1,
+                              learning_rate_power=-0.5, l1_regularization_strength=0.0,
+                              l2_regularization_strength=0.0)}[infix]
+    return dict(slots, **hyper)
+
+
+@pytest.mark.parametrize("infix", OPT_INFIX)
+@pytest.mark.parametrize("form", ["CsrInput", "StaticBufferSize"])
+def test_every_gradient_op_checks_token_ids(infix, form):
+    name = "XlaSparseDenseMatmulGradWith%sAnd%s" % (infix, form)
+    kwargs = _grad(name=name, sorted_token_ids=np.array([0, 4] + [0] * 6, np.int32))
+    kwargs.pop("accumulator")
+    kwargs.update(_opt_attrs(infix, standalone=False))
+    if form == "StaticBufferSize":
+        kwargs.update(max_ids_per_sparse_core=8, max_unique_ids_per_sparse_core=8)
+    _raises(name + r": .*sorted_token_ids\[1\] = 4 is outside \[0, 4\)", **kwargs)
+    kwargs.update(sorted_token_ids=np.array([0, 1] + [0] * 6, np.int32),
+                  sorted_sample_ids=np.array([0, 2] + [0] * 6, np.int32))
+    _raises(name + r": .*sorted_sample_ids\[1\] = 2 is outside \[0, 2\)", **kwargs)
+
+
+@pytest.mark.parametrize("infix", OPT_INFIX)
+def test_every_standalone_optimizer_checks_indices(infix):
+    name = "XlaSparseCore" + infix
+    kwargs = dict(indices=np.array([0, 4], np.int32), gradient=np.ones((2, 2), np.float32),
+                  learning_rate=np.float32(0.1), embedding_table=np.ones((4, 2), np.float32),
+                  feature_width=2, **_opt_attrs(infix, standalone=True))
+    _raises(name + r": indices\[1\] = 4 is outside \[0, 4\)", name=name, **kwargs)
+    kwargs.update(indices=np.array([0, 1], np.int32), gradient=np.ones((2, 3), np.float32))
+    _raises(name + ": gradient .* must be", name=name, **kwargs)
