@@ -833,8 +833,9 @@ class GetMinibatchSplitsWithPhysicalReplicaOp : public OpKernel {
 
 // GetMinibatchesInCsrWithPhysicalReplica: the CSR buffers (semantics §3)
 // of GetMinibatchSplitsWithPhysicalReplica's output, its minibatches cut at
-// `splits` (0 on CPU, or any caller's).  No id dropping (TF's flag
-// tf_xla_sparse_core_allow_id_dropping_for_minibatching defaults to off).
+// `splits` (0 on CPU, or any caller's).  Ids that do not fit are an error,
+// never dropped (TF drops them only under its flag
+// tf_xla_sparse_core_allow_id_dropping_for_minibatching).
 class GetMinibatchesInCsrWithPhysicalReplicaOp : public OpKernel {
  public:
   explicit GetMinibatchesInCsrWithPhysicalReplicaOp(OpKernelConstruction* c)
