@@ -121,7 +121,7 @@ SAN_ENV    = LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-
              PYTHONPATH=$(SAN_TREE) TF_TPU_EMB_FUZZ_TIMEOUT=120
 # The sanitizer lane runs what C++ runs under: the engine, op, C++ unit,
 # fuzz and cluster tests, the `slow` soak/stress ones among them included.
-SAN_TESTS  ?= tests/engine tests/ops tests/cpp tests/fuzz tests/cluster tests/api/test_lifecycle_stress.py
+SAN_TESTS  ?= tests/engine tests/ops tests/sparsecore tests/cpp tests/fuzz tests/cluster tests/api/test_lifecycle_stress.py
 SAN_PYTEST ?= -q -x -p no:cacheprovider $(XDIST) $(DURATIONS) -m "not clients" $(SAN_TESTS)
 sanitize: venv
 	rm -rf $(SAN_TREE) && mkdir -p $(SAN_TREE)

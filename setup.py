@@ -122,7 +122,11 @@ def compiler_and_flags():
         # `make sanitize` (never the normal build).  GCC 12 reports false
         # null/nonnull/vptr findings inside an absl header TF ships, so
         # those checks are off; every other UBSan check stays on.
-        opt = ["-O1", "-DNDEBUG", "-fno-math-errno"] + SANITIZE_FLAGS + [
+        # NDEBUG_SANITIZER: absl's hash tables otherwise add generation
+        # fields under ASan, and an absl container built here (e.g. in the
+        # InstantiateOptions a kernel hands TF's function runtime) would not
+        # have the layout TF's non-sanitized binary expects.
+        opt = ["-O1", "-DNDEBUG", "-DNDEBUG_SANITIZER", "-fno-math-errno"] + SANITIZE_FLAGS + [
             "-fno-omit-frame-pointer", "-g"]
     opt += target_flags()
     common = cflags + opt + [

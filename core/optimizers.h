@@ -180,6 +180,38 @@ inline void Ftrl(const RowArgs& a, const FtrlHyper& h) {
   }
 }
 
+// The SparseCore's FTRL (TPUEmbeddingV2's gradient ops and XlaSparseCoreFtrl;
+// docs/sparsecore_semantics.md §6): the same update as Ftrl above, but TF's
+// SparseCore builder associates it differently -- (linear + lr*g) - dp*w,
+// (p + 2*lr*l2) + beta -- takes a generic pow for every lr_power, and writes
+// -linear' (not 0 - linear') where l1 is 0.  Not in the optimizer table (no
+// proto field of its own): the SparseCore kernels call it directly.
+inline void SparseCoreFtrl(const RowArgs& a, const FtrlHyper& h) {
+  const float l1 = h.l1, l2 = h.l2, lr = a.lr;
+  float *acc = a.s[0], *lin = a.s[1];
+  for (int d = 0; d < a.dim; ++d) {
+    const float g = a.g[d];
+    const float acc_new = acc[d] + g * g;
+    const float p_old = std::pow(acc[d], -h.lr_power);
+    const float p_new = std::pow(acc_new, -h.lr_power);
+    const float dp = p_new - p_old;
+    float lin_new, numer, denom;
+    if (h.multiply_linear_by_lr) {
+      lin_new = (lin[d] + lr * g) - dp * a.w[d];
+      const float bound = lr * l1;
+      numer = l1 == 0 ? -lin_new : std::min(std::max(lin_new, -bound), bound) - lin_new;
+      denom = (p_new + 2.0f * lr * l2) + h.beta;
+    } else {
+      lin_new = (lin[d] + g) - dp * a.w[d] / lr;
+      numer = l1 == 0 ? -lin_new : std::min(std::max(lin_new, -l1), l1) - lin_new;
+      denom = (p_new + h.beta) / lr + 2.0f * l2;
+    }
+    a.w[d] = numer / denom;
+    acc[d] = acc_new;
+    lin[d] = lin_new;
+  }
+}
+
 inline void Momentum(const RowArgs& a, const MomentumHyper& h) {
   float* m = a.s[0];
   for (int d = 0; d < a.dim; ++d) {

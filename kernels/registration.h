@@ -14,6 +14,7 @@
 #include "core/optimizers.h"
 #include "engine/engine.h"
 #include "kernels/guard.h"
+#include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/platform/refcount.h"
 
@@ -46,6 +47,14 @@ void RegisterCpuKernel(const std::string& bare_name, bool core = true) {
         ::tensorflow::KernelDefBuilder(name.c_str()).Device(::tensorflow::DEVICE_CPU).Build(),
         name, create);
   }
+}
+
+// Whether this TensorFlow registers the op `bare_name` (kernels go under
+// TF's name only where TF has the op: the SparseCore family grew over TF
+// versions).  Static registration runs after TF's own op registrations.
+inline bool CoreOpRegistered(const std::string& bare_name) {
+  const ::tensorflow::OpRegistrationData* data = nullptr;
+  return ::tensorflow::OpRegistry::Global()->LookUp(bare_name, &data).ok();
 }
 
 // Registers a per-table Load/Retrieve kernel bound to its optimizer's table

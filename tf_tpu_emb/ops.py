@@ -61,6 +61,55 @@ EXTRA_OP_NAMES = ("ShutdownTPUEmbedding", "ConfigureTPUEmbeddingHostShard", "Emb
     n for o, n in zip(OPTIMIZERS * 2, _table_op_names("Load") + _table_op_names("Retrieve"))
     if not o.core_has_table_ops)
 
+#: TF's SparseCore op family (TPUEmbeddingV2; ops/sparsecore_ops.cc), registered
+#: as ``TfTpuEmb>Name`` with TF 2.21's signatures; none addresses an engine (each
+#: is a function of its inputs).  Not in OP_NAMES: they have no wrappers here yet
+#: (``tf.raw_ops`` or the prefixed name by ``op_def_library``).  Which of them
+#: have CPU kernels: ``SPARSECORE_KERNEL_OP_NAMES``.
+SPARSECORE_OP_NAMES = (
+    "ConvertToCooTensor", "ConvertToListOfSparseCoreCooTensors",
+    "ConvertToSparseCoreCsrWrappedCooTensor", "GetMinibatchSplitsWithPhysicalReplica",
+    "GetMinibatchesInCsrWithPhysicalReplica", "GetStatsFromListOfSparseCoreCooTensors",
+    "GlobalIterId", "SortListOfSparseCoreCooTensors", "StoreMinibatchStatisticsInFdo",
+    "TPUAnnotateTensorsWithDynamicShape", "TPUCopyWithDynamicShape",
+    "XlaSparseCoreAdagrad", "XlaSparseCoreAdagradMomentum", "XlaSparseCoreAdam",
+    "XlaSparseCoreFtrl", "XlaSparseCoreSgd", "XlaSparseDenseMatmul",
+    "XlaSparseDenseMatmulCustomCombinerOnTcGradWithAdagradAndCsrInput",
+    "XlaSparseDenseMatmulCustomCombinerOnTcGradWithAdagradMomentumAndCsrInput",
+    "XlaSparseDenseMatmulCustomCombinerOnTcGradWithAdamAndCsrInput",
+    "XlaSparseDenseMatmulCustomCombinerOnTcGradWithCsrInput",
+    "XlaSparseDenseMatmulCustomCombinerOnTcGradWithFtrlAndCsrInput",
+    "XlaSparseDenseMatmulCustomCombinerOnTcGradWithSgdAndCsrInput",
+    "XlaSparseDenseMatmulCustomCombinerOnTcWithCsrInput",
+    "XlaSparseDenseMatmulGradWithAdagradAndCsrInput",
+    "XlaSparseDenseMatmulGradWithAdagradAndStaticBufferSize",
+    "XlaSparseDenseMatmulGradWithAdagradMomentumAndCsrInput",
+    "XlaSparseDenseMatmulGradWithAdagradMomentumAndStaticBufferSize",
+    "XlaSparseDenseMatmulGradWithAdamAndCsrInput",
+    "XlaSparseDenseMatmulGradWithAdamAndStaticBufferSize",
+    "XlaSparseDenseMatmulGradWithCsrInput",
+    "XlaSparseDenseMatmulGradWithFtrlAndCsrInput",
+    "XlaSparseDenseMatmulGradWithFtrlAndStaticBufferSize",
+    "XlaSparseDenseMatmulGradWithSgdAndCsrInput",
+    "XlaSparseDenseMatmulGradWithSgdAndStaticBufferSize",
+    "XlaSparseDenseMatmulWithCsrInput", "XlaSparseDenseMatmulWithStaticBufferSize",
+)
+
+#: The SparseCore ops with CPU kernels (under both names; docs/sparsecore_semantics.md).
+SPARSECORE_KERNEL_OP_NAMES = (
+    "ConvertToCooTensor", "ConvertToListOfSparseCoreCooTensors",
+    "SortListOfSparseCoreCooTensors", "GetStatsFromListOfSparseCoreCooTensors",
+    "ConvertToSparseCoreCsrWrappedCooTensor", "GlobalIterId",
+    "TPUCopyWithDynamicShape", "TPUAnnotateTensorsWithDynamicShape",
+    "GetMinibatchSplitsWithPhysicalReplica", "GetMinibatchesInCsrWithPhysicalReplica",
+    "StoreMinibatchStatisticsInFdo",
+    "XlaSparseDenseMatmulWithCsrInput", "XlaSparseDenseMatmulWithStaticBufferSize",
+    "XlaSparseDenseMatmulGradWithCsrInput",
+) + tuple("XlaSparseDenseMatmulGradWith%sAnd%s" % (o, f)
+          for o in ("Sgd", "Adagrad", "AdagradMomentum", "Adam", "Ftrl")
+          for f in ("CsrInput", "StaticBufferSize")) + tuple(
+    "XlaSparseCore" + o for o in ("Sgd", "Adagrad", "AdagradMomentum", "Adam", "Ftrl"))
+
 #: Bare name -> registered (prefixed) name, for every op of the library.
 OP_NAMES = {n: PREFIX + n for n in CORE_OP_NAMES + EXTRA_OP_NAMES}
 

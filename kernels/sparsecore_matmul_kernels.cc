@@ -1,0 +1,624 @@
+// CPU kernels of the SparseCore lookup, gradient+optimizer and standalone
+// optimizer ops (TPUEmbeddingV2): XlaSparseDenseMatmulWith{CsrInput,
+// StaticBufferSize}, XlaSparseDenseMatmulGradWith<Opt>And{CsrInput,
+// StaticBufferSize} and XlaSparseCore<Opt>.  Registered as TfTpuEmb>Name and
+// under TF's name.  What they compute -- the one-chip CPU model of the CSR
+// buffers, the row gradient, the optimizers -- is docs/sparsecore_semantics.md
+// §5-§7; the row updates are core/optimizers.h's (one optimizer source).
+// Every input is checked before an output is written: a bad one is
+// InvalidArgument naming the op and the offending index.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "core/optimizers.h"
+#include "core/sparsecore.h"
+#include "kernels/registration.h"
+#include "tensorflow/core/framework/function.h"
+#include "tensorflow/core/framework/tensor.h"
+
+namespace tf_tpu_emb {
+namespace kernels {
+namespace {
+
+namespace sc = ::tf_tpu_emb::sparsecore;
+using opt::AdagradMomentumHyper;
+using opt::AdamHyper;
+using opt::FtrlHyper;
+
+absl::Status Invalid(const std::string& op, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(op, ": ", what));
+}
+
+absl::Status CheckRank(const std::string& op, const char* name, const Tensor& t, int rank) {
+  if (t.dims() != rank) {
+    return Invalid(op, absl::StrCat(name, " must have rank ", rank, ", got shape ",
+                                    t.shape().DebugString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSameShape(const std::string& op, const char* name, const Tensor& t,
+                            const Tensor& table) {
+  if (t.shape() != table.shape()) {
+    return Invalid(op, absl::StrCat(name, " has shape ", t.shape().DebugString(),
+                                    ", the embedding table ", table.shape().DebugString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ScalarValue(const std::string& op, const char* name, const Tensor& t, float* out) {
+  if (t.NumElements() != 1 || t.dims() > 1) {
+    return Invalid(op, absl::StrCat(name, " must be a scalar, got shape ",
+                                    t.shape().DebugString()));
+  }
+  *out = t.flat<float>()(0);
+  return absl::OkStatus();
+}
+
+// TF takes the SparseCore count from the TPU topology, else from the attr,
+// and requires a power of two: without a TPU, -1 is TF's error too.
+absl::Status ReadNumSparseCores(OpKernelConstruction* c, const std::string& op, int64_t* out) {
+  int64_t n;
+  TF_RETURN_IF_ERROR(c->GetAttr("num_sparsecores_per_device", &n));
+  if (n <= 0 || n > (int64_t{1} << 20) || (n & (n - 1)) != 0) {
+    return Invalid(op, absl::StrCat("num_sparsecores_per_device must be a power of two, but got: ",
+                                    n, " (a CPU device has no TPU topology to read it from)"));
+  }
+  *out = n;
+  return absl::OkStatus();
+}
+
+// One id of the CSR buffers in the CPU model (semantics §5): it adds
+// gain * table[row] to activations[sample].
+struct CsrId {
+  int64_t sample, row;
+  float gain;
+};
+
+// Validates the CSR buffers (inputs 0-3), the minibatch count and the table
+// against the one-chip model and lists the ids in buffer order.
+absl::Status ReadCsr(const std::string& op, OpKernelContext* ctx, const Tensor& table,
+                     const Tensor& minibatches_t, int64_t num_sc, int64_t batch,
+                     std::vector<CsrId>* ids) {
+  const Tensor& pointers_t = ctx->input(0);
+  const Tensor& samples_t = ctx->input(1);
+  const Tensor& tokens_t = ctx->input(2);
+  const Tensor& gains_t = ctx->input(3);
+  TF_RETURN_IF_ERROR(CheckRank(op, "row_pointers", pointers_t, 1));
+  TF_RETURN_IF_ERROR(CheckRank(op, "sorted_sample_ids", samples_t, 1));
+  TF_RETURN_IF_ERROR(CheckRank(op, "sorted_token_ids", tokens_t, 1));
+  TF_RETURN_IF_ERROR(CheckRank(op, "sorted_gains", gains_t, 1));
+  TF_RETURN_IF_ERROR(CheckRank(op, "embedding_table", table, 2));
+  const int64_t n = samples_t.NumElements();
+  if (tokens_t.NumElements() != n || gains_t.NumElements() != n) {
+    return Invalid(op, absl::StrCat("sorted_sample_ids (", n, "), sorted_token_ids (",
+                                    tokens_t.NumElements(), ") and sorted_gains (",
+                                    gains_t.NumElements(), ") must have the same length"));
+  }
+  if (minibatches_t.dims() != 0) {
+    return Invalid(op, absl::StrCat("num_minibatches_per_physical_sparse_core must be scalar, got "
+                                    "shape ",
+                                    minibatches_t.shape().DebugString()));
+  }
+  const int64_t m = minibatches_t.scalar<int32_t>()();
+  const int64_t group = sc::RoundUp(num_sc, sc::kXlaPadSize);
+  const int64_t num_pointers = pointers_t.NumElements();
+  if (m < 1 || m * num_sc * group > num_pointers) {
+    return Invalid(op, absl::StrCat("num_minibatches_per_physical_sparse_core = ", m, " needs ",
+                                    m * num_sc * group, " row pointers (", num_sc,
+                                    " sparse cores, groups of ", group, "), got ", num_pointers));
+  }
+  if (table.dim_size(0) % num_sc != 0) {
+    return Invalid(op, absl::StrCat("the embedding table's ", table.dim_size(0),
+                                    " rows do not split into ", num_sc,
+                                    " sparse core shards (num_sparsecores_per_device)"));
+  }
+  const int64_t shard_rows = table.dim_size(0) / num_sc;
+  const auto pointers = pointers_t.vec<int32_t>();
+  const auto samples = samples_t.vec<int32_t>();
+  const auto tokens = tokens_t.vec<int32_t>();
+  const auto gains = gains_t.vec<float>();
+  ids->clear();
+  for (int64_t k = 0; k < m * num_sc * group; ++k) {
+    const int64_t begin = k == 0 ? 0 : sc::RoundUp(pointers(k - 1), sc::kXlaPadSize);
+    const int64_t end = pointers(k);
+    if (end < begin || end > n) {
+      return Invalid(op, absl::StrCat("row_pointers[", k, "] = ", end, " must lie in [", begin,
+                                      ", ", n, "] (the segment's start, the ids' length)"));
+    }
+    const int64_t shard = k % group;
+    const int64_t sample_sc = k / group / m;
+    if (shard >= num_sc && end > begin) {
+      return Invalid(op, absl::StrCat("row_pointers[", k, "]: segment ", shard,
+                                      " of its group holds ids, but a chip has only ", num_sc,
+                                      " sparse core shards"));
+    }
+    for (int64_t i = begin; i < end; ++i) {
+      if (samples(i) < 0 || samples(i) >= batch) {
+        return Invalid(op, absl::StrCat("sorted_sample_ids[", i, "] = ", samples(i),
+                                        " is outside [0, ", batch, ") (samples per sparse core)"));
+      }
+      if (tokens(i) < 0 || tokens(i) >= shard_rows) {
+        return Invalid(op, absl::StrCat("sorted_token_ids[", i, "] = ", tokens(i),
+                                        " is outside [0, ", shard_rows,
+                                        ") (rows of a sparse core's table shard)"));
+      }
+      ids->push_back({sample_sc * batch + samples(i), shard * shard_rows + tokens(i), gains(i)});
+    }
+  }
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------------------ §5 the lookup
+
+class CsrLookupOp : public OpKernel {
+ public:
+  explicit CsrLookupOp(OpKernelConstruction* c) : OpKernel(c), op_(BareOpName(c)) {
+    OP_REQUIRES_OK(c, c->GetAttr("input_size", &input_size_));
+    int buckets;
+    OP_REQUIRES_OK(c, c->GetAttr("quantization_config_num_buckets", &buckets));
+    OP_REQUIRES(c, buckets == 0,
+                absl::UnimplementedError(absl::StrCat(
+                    op_, ": lookup quantization (quantization_config_num_buckets = ", buckets,
+                    ") is not implemented on CPU")));
+    if (c->HasAttr("T")) {
+      ::tensorflow::DataType t;
+      OP_REQUIRES_OK(c, c->GetAttr("T", &t));
+      OP_REQUIRES(c, t == ::tensorflow::DT_FLOAT,
+                  absl::UnimplementedError(
+                      absl::StrCat(op_, ": only float32 tables are implemented on CPU")));
+    }
+    OP_REQUIRES_OK(c, ReadNumSparseCores(c, op_, &num_sc_));
+    OP_REQUIRES(c, input_size_ % num_sc_ == 0,
+                Invalid(op_, absl::StrCat("input_size ", input_size_, " is not divisible by ",
+                                          num_sc_, " sparse cores")));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& table = ctx->input(4);
+    std::vector<CsrId> ids;
+    OP_REQUIRES_OK(ctx, ReadCsr(op_, ctx, table, ctx->input(5), num_sc_, input_size_ / num_sc_,
+                                &ids));
+    const int64_t width = table.dim_size(1);
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({input_size_, width}), &out));
+    float* act = out->flat<float>().data();
+    std::fill_n(act, input_size_ * width, 0.0f);
+    const float* w = table.flat<float>().data();
+    for (const CsrId& id : ids) {
+      float* a = act + id.sample * width;
+      const float* row = w + id.row * width;
+      for (int64_t d = 0; d < width; ++d) a[d] += id.gain * row[d];
+    }
+  }
+
+ private:
+  const std::string op_;
+  int64_t input_size_ = 0, num_sc_ = 1;
+};
+
+// ------------------------------------------------- §6 gradient and optimizer
+
+enum class Opt { kSgd, kAdagrad, kAdagradMomentum, kAdam, kFtrl };
+
+// The hyper-parameters of one SparseCore optimizer, and the row update:
+// core/optimizers.h's formula, then (if `clip`) the weight clipping.
+struct SparseCoreOptimizer {
+  Opt opt = Opt::kSgd;
+  AdagradMomentumHyper momentum{};
+  AdamHyper adam{};
+  FtrlHyper ftrl{};
+  float clip_min = -std::numeric_limits<float>::infinity();
+  float clip_max = std::numeric_limits<float>::infinity();
+
+  void Update(const RowArgs& a, bool clip) const {
+    switch (opt) {
+      case Opt::kSgd: opt::StochasticGradientDescent(a, {}); break;
+      case Opt::kAdagrad: opt::Adagrad(a, {}); break;
+      case Opt::kAdagradMomentum: opt::AdagradMomentum(a, momentum); break;
+      case Opt::kAdam: opt::Adam(a, adam); break;
+      case Opt::kFtrl: opt::SparseCoreFtrl(a, ftrl); break;
+    }
+    if (!clip) return;
+    for (int d = 0; d < a.dim; ++d) a.w[d] = std::min(std::max(a.w[d], clip_min), clip_max);
+  }
+};
+
+// The gradient ops' hyper-parameter attrs (TF's names; beta1 is the
+// AdagradMomentum momentum, semantics §6).
+absl::Status ReadGradAttrs(OpKernelConstruction* c, const std::string& op, Opt o,
+                           SparseCoreOptimizer* out) {
+  out->opt = o;
+  TF_RETURN_IF_ERROR(c->GetAttr("clip_weight_min", &out->clip_min));
+  TF_RETURN_IF_ERROR(c->GetAttr("clip_weight_max", &out->clip_max));
+  if (out->clip_min > out->clip_max) {
+    return Invalid(op, absl::StrCat("clip_weight_min must be smaller or equal to clip_weight_max "
+                                    "but got clip_weight_min as ",
+                                    out->clip_min, " and clip_weight_max as ", out->clip_max,
+                                    "."));
+  }
+  if (o == Opt::kAdagradMomentum) {
+    AdagradMomentumHyper& h = out->momentum;
+    TF_RETURN_IF_ERROR(c->GetAttr("use_nesterov", &h.use_nesterov));
+    TF_RETURN_IF_ERROR(c->GetAttr("exponent", &h.exponent));
+    TF_RETURN_IF_ERROR(c->GetAttr("beta1", &h.momentum));
+    TF_RETURN_IF_ERROR(c->GetAttr("beta2", &h.beta2));
+    TF_RETURN_IF_ERROR(c->GetAttr("epsilon", &h.epsilon));
+  } else if (o == Opt::kAdam) {
+    AdamHyper& h = out->adam;
+    TF_RETURN_IF_ERROR(c->GetAttr("use_sum_inside_sqrt", &h.use_sum_inside_sqrt));
+    TF_RETURN_IF_ERROR(c->GetAttr("beta1", &h.beta1));
+    TF_RETURN_IF_ERROR(c->GetAttr("beta2", &h.beta2));
+    TF_RETURN_IF_ERROR(c->GetAttr("epsilon", &h.epsilon));
+  } else if (o == Opt::kFtrl) {
+    FtrlHyper& h = out->ftrl;
+    TF_RETURN_IF_ERROR(c->GetAttr("multiply_linear_by_learning_rate", &h.multiply_linear_by_lr));
+    TF_RETURN_IF_ERROR(c->GetAttr("beta", &h.beta));
+    TF_RETURN_IF_ERROR(c->GetAttr("learning_rate_power", &h.lr_power));
+    TF_RETURN_IF_ERROR(c->GetAttr("l1_regularization_strength", &h.l1));
+    TF_RETURN_IF_ERROR(c->GetAttr("l2_regularization_strength", &h.l2));
+  }
+  if (o == Opt::kAdagradMomentum && out->momentum.exponent == 0) {
+    // The engine reads 0 as the proto's default 2; TF's SparseCore builder
+    // computes pow(x, -inf).  Ours refuse the degenerate update.
+    return Invalid(op, "exponent must not be 0");
+  }
+  return absl::OkStatus();
+}
+
+// Copies `in` into a new output `index` of its shape.
+absl::Status CopyToOutput(OpKernelContext* ctx, int index, const Tensor& in, float** data) {
+  Tensor* out;
+  TF_RETURN_IF_ERROR(ctx->allocate_output(index, in.shape(), &out));
+  if (in.NumElements() > 0) {  // an empty tensor's data may be null
+    std::memcpy(out->flat<float>().data(), in.flat<float>().data(),
+                sizeof(float) * in.NumElements());
+  }
+  *data = out->flat<float>().data();
+  return absl::OkStatus();
+}
+
+// Inputs: row_pointers, sorted_sample_ids, sorted_token_ids, sorted_gains,
+// activation_gradients, learning_rate, embedding_table, slots...,
+// num_minibatches_per_physical_sparse_core; outputs: table, slots...
+template <Opt kOpt>
+class CsrGradOp : public OpKernel {
+ public:
+  explicit CsrGradOp(OpKernelConstruction* c) : OpKernel(c), op_(BareOpName(c)) {
+    OP_REQUIRES_OK(c, ReadGradAttrs(c, op_, kOpt, &optimizer_));
+    OP_REQUIRES_OK(c, ReadNumSparseCores(c, op_, &num_sc_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    constexpr int kSlots = NumSlotsOf();
+    const Tensor& grads = ctx->input(4);
+    const Tensor& table = ctx->input(6);
+    OP_REQUIRES_OK(ctx, CheckRank(op_, "activation_gradients", grads, 2));
+    OP_REQUIRES_OK(ctx, CheckRank(op_, "embedding_table", table, 2));
+    const int64_t width = table.dim_size(1), batch = grads.dim_size(0);
+    OP_REQUIRES(ctx, grads.dim_size(1) == width,
+                Invalid(op_, absl::StrCat("activation_gradients have ", grads.dim_size(1),
+                                          " columns, the embedding table ", width)));
+    OP_REQUIRES(ctx, batch % num_sc_ == 0,
+                Invalid(op_, absl::StrCat("activation_gradients' ", batch,
+                                          " rows are not divisible by ", num_sc_,
+                                          " sparse cores")));
+    for (int s = 0; s < kSlots; ++s) {
+      OP_REQUIRES_OK(ctx, CheckSameShape(op_, "a slot variable", ctx->input(7 + s), table));
+    }
+    float lr;
+    OP_REQUIRES_OK(ctx, ScalarValue(op_, "learning_rate", ctx->input(5), &lr));
+    std::vector<CsrId> ids;
+    OP_REQUIRES_OK(ctx, ReadCsr(op_, ctx, table, ctx->input(7 + kSlots), num_sc_,
+                                batch / num_sc_, &ids));
+
+    // Per touched row, its gradient sum (buffer order).
+    std::vector<int64_t> slot_of(table.dim_size(0), -1);
+    std::vector<int64_t> touched;
+    std::vector<float> sums;
+    const float* g = grads.flat<float>().data();
+    for (const CsrId& id : ids) {
+      int64_t& slot = slot_of[id.row];
+      if (slot < 0) {
+        slot = static_cast<int64_t>(touched.size());
+        touched.push_back(id.row);
+        sums.resize(sums.size() + width, 0.0f);
+      }
+      float* sum = sums.data() + slot * width;
+      const float* grad = g + id.sample * width;
+      for (int64_t d = 0; d < width; ++d) sum[d] += id.gain * grad[d];
+    }
+
+    float* w;
+    float* s[kMaxSlots] = {};
+    OP_REQUIRES_OK(ctx, CopyToOutput(ctx, 0, table, &w));
+    for (int k = 0; k < kSlots; ++k) OP_REQUIRES_OK(ctx, CopyToOutput(ctx, 1 + k, ctx->input(7 + k), &s[k]));
+    for (size_t t = 0; t < touched.size(); ++t) {
+      const int64_t off = touched[t] * width;
+      RowArgs a{};
+      a.w = w + off;
+      for (int k = 0; k < kSlots; ++k) a.s[k] = s[k] + off;
+      a.g = sums.data() + t * width;
+      a.dim = static_cast<int>(width);
+      a.lr = lr;
+      optimizer_.Update(a, /*clip=*/true);
+    }
+  }
+
+ private:
+  static constexpr int NumSlotsOf() {
+    return kOpt == Opt::kSgd ? 0 : kOpt == Opt::kAdagrad ? 1 : 2;
+  }
+  const std::string op_;
+  SparseCoreOptimizer optimizer_;
+  int64_t num_sc_ = 1;
+};
+
+// XlaSparseDenseMatmulGradWithCsrInput: the optimizer is the user's function
+// (`custom_computation`), called once per touched row with the row's
+// gradient [1, width], each table's row ([1, cols], or [1] for a vector slot)
+// and each hyper-parameter broadcast to [1, width]; it returns the N updated
+// rows (semantics §6, TF's argument layout in sparse_core_xla_ops.cc).
+class CsrGradCustomOp : public OpKernel {
+ public:
+  explicit CsrGradCustomOp(OpKernelConstruction* c) : OpKernel(c), op_(BareOpName(c)) {
+    const ::tensorflow::NameAttrList* func;
+    OP_REQUIRES_OK(c, c->GetAttr("custom_computation", &func));
+    func_ = *func;
+    ::tensorflow::DataType t;
+    OP_REQUIRES_OK(c, c->GetAttr("T", &t));
+    OP_REQUIRES(c, t == ::tensorflow::DT_FLOAT,
+                absl::UnimplementedError(
+                    absl::StrCat(op_, ": only float32 tables are implemented on CPU")));
+    OP_REQUIRES_OK(c, ReadNumSparseCores(c, op_, &num_sc_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    OpInputList tables, hypers;
+    OP_REQUIRES_OK(ctx, ctx->input_list("tables", &tables));
+    OP_REQUIRES_OK(ctx, ctx->input_list("hyperparameters", &hypers));
+    const Tensor& grads = ctx->input(4);
+    const Tensor& table = tables[0];
+    OP_REQUIRES_OK(ctx, CheckRank(op_, "activation_gradients", grads, 2));
+    OP_REQUIRES_OK(ctx, CheckRank(op_, "tables[0]", table, 2));
+    const int64_t rows = table.dim_size(0), width = table.dim_size(1), batch = grads.dim_size(0);
+    OP_REQUIRES(ctx, grads.dim_size(1) == width && batch % num_sc_ == 0,
+                Invalid(op_, absl::StrCat("activation_gradients ", grads.shape().DebugString(),
+                                          " must be [a multiple of ", num_sc_, ", ", width, "]")));
+    for (int i = 1; i < tables.size(); ++i) {
+      OP_REQUIRES(ctx, (tables[i].dims() == 1 || tables[i].dims() == 2) &&
+                           tables[i].dim_size(0) == rows,
+                  Invalid(op_, absl::StrCat("tables[", i, "] has shape ",
+                                            tables[i].shape().DebugString(), "; [", rows,
+                                            "] or [", rows, ", cols] expected")));
+    }
+    std::vector<float> hyper(hypers.size());
+    for (int j = 0; j < hypers.size(); ++j) {
+      OP_REQUIRES_OK(ctx, ScalarValue(op_, "a hyperparameter", hypers[j], &hyper[j]));
+    }
+    std::vector<CsrId> ids;
+    OP_REQUIRES_OK(ctx, ReadCsr(op_, ctx, table, ctx->input(ctx->num_inputs() - 1), num_sc_,
+                                batch / num_sc_, &ids));
+    std::vector<int64_t> slot_of(rows, -1), touched;
+    std::vector<float> sums;
+    const float* g = grads.flat<float>().data();
+    for (const CsrId& id : ids) {
+      int64_t& slot = slot_of[id.row];
+      if (slot < 0) {
+        slot = static_cast<int64_t>(touched.size());
+        touched.push_back(id.row);
+        sums.resize(sums.size() + width, 0.0f);
+      }
+      for (int64_t d = 0; d < width; ++d) {
+        sums[slot * width + d] += id.gain * g[id.sample * width + d];
+      }
+    }
+    std::vector<float*> out(tables.size());
+    std::vector<int64_t> cols(tables.size());
+    for (int i = 0; i < tables.size(); ++i) {
+      OP_REQUIRES_OK(ctx, CopyToOutput(ctx, i, tables[i], &out[i]));
+      cols[i] = tables[i].dims() == 2 ? tables[i].dim_size(1) : 0;
+    }
+    if (touched.empty()) return;
+
+    ::tensorflow::FunctionLibraryRuntime* flr = ctx->function_library();
+    OP_REQUIRES(ctx, flr != nullptr,
+                absl::InternalError(absl::StrCat(op_, ": no function library runtime")));
+    ::tensorflow::FunctionLibraryRuntime::Handle handle;
+    OP_REQUIRES_OK(ctx, flr->Instantiate(func_.name(), ::tensorflow::AttrSlice(&func_.attr()),
+                                         &handle));
+    ::tensorflow::FunctionLibraryRuntime::Options opts;
+    opts.runner = ctx->runner();
+    opts.cancellation_manager = ctx->cancellation_manager();
+    opts.rendezvous = ctx->rendezvous();
+    // Arguments: gradient, the tables' rows, the hyper-parameters.
+    std::vector<Tensor> args;
+    args.emplace_back(::tensorflow::DT_FLOAT, TensorShape({1, width}));
+    for (int i = 0; i < tables.size(); ++i) {
+      args.emplace_back(::tensorflow::DT_FLOAT, cols[i] ? TensorShape({1, cols[i]})
+                                                        : TensorShape({1}));
+    }
+    for (float h : hyper) {
+      args.emplace_back(::tensorflow::DT_FLOAT, TensorShape({1, width}));
+      std::fill_n(args.back().flat<float>().data(), width, h);
+    }
+    for (size_t t = 0; t < touched.size(); ++t) {
+      const int64_t row = touched[t];
+      std::copy_n(sums.data() + t * width, width, args[0].flat<float>().data());
+      for (int i = 0; i < tables.size(); ++i) {
+        const int64_t n = cols[i] ? cols[i] : 1;
+        std::copy_n(out[i] + row * n, n, args[1 + i].flat<float>().data());
+      }
+      std::vector<Tensor> rets;
+      OP_REQUIRES_OK(ctx, flr->RunSync(opts, handle, args, &rets));
+      OP_REQUIRES(ctx, static_cast<int>(rets.size()) == tables.size(),
+                  Invalid(op_, absl::StrCat("custom_computation returned ", rets.size(),
+                                            " tensors for ", tables.size(), " tables")));
+      for (int i = 0; i < tables.size(); ++i) {
+        const int64_t n = cols[i] ? cols[i] : 1;
+        OP_REQUIRES(ctx, rets[i].dtype() == ::tensorflow::DT_FLOAT && rets[i].NumElements() == n,
+                    Invalid(op_, absl::StrCat("custom_computation's output ", i, " is ",
+                                              rets[i].DebugString(), "; ", n,
+                                              " float32 elements (one row of tables[", i,
+                                              "]) expected")));
+        std::copy_n(rets[i].flat<float>().data(), n, out[i] + row * n);
+      }
+    }
+  }
+
+ private:
+  const std::string op_;
+  ::tensorflow::NameAttrList func_;
+  int64_t num_sc_ = 1;
+};
+
+// ------------------------------------------------- §7 standalone optimizers
+
+// XlaSparseCore<Opt>: input positions of each op's tensors (TF's orders
+// differ per op), and its outputs: table first, then the slots in the
+// op's output order.
+struct StandaloneLayout {
+  int indices, gradient, learning_rate, table;
+  int slots[2];          // inputs, in the optimizer's slot order
+  int slot_outputs[2];   // the output of each slot
+};
+
+template <Opt kOpt>
+constexpr StandaloneLayout LayoutOf() {
+  switch (kOpt) {
+    case Opt::kSgd: return {0, 1, 2, 3, {-1, -1}, {-1, -1}};
+    case Opt::kAdagrad: return {0, 1, 2, 4, {3, -1}, {1, -1}};
+    case Opt::kAdagradMomentum: return {0, 1, 2, 7, {5, 6}, {1, 2}};
+    // momentum, velocity in; table, velocity, momentum out.
+    case Opt::kAdam: return {1, 2, 3, 0, {4, 5}, {2, 1}};
+    case Opt::kFtrl: return {4, 5, 3, 0, {1, 2}, {1, 2}};
+  }
+  return {};
+}
+
+template <Opt kOpt>
+class StandaloneOp : public OpKernel {
+ public:
+  explicit StandaloneOp(OpKernelConstruction* c) : OpKernel(c), op_(BareOpName(c)) {
+    optimizer_.opt = kOpt;
+    OP_REQUIRES_OK(c, c->GetAttr("feature_width", &width_));
+    OP_REQUIRES(c, width_ >= 1,
+                Invalid(op_, absl::StrCat("feature_width must be positive, got ", width_)));
+    if (kOpt == Opt::kAdagradMomentum) {
+      OP_REQUIRES_OK(c, c->GetAttr("use_nesterov", &optimizer_.momentum.use_nesterov));
+      OP_REQUIRES_OK(c, c->GetAttr("beta_2", &optimizer_.momentum.beta2));
+      OP_REQUIRES_OK(c, c->GetAttr("exponent", &optimizer_.momentum.exponent));
+      OP_REQUIRES(c, optimizer_.momentum.exponent != 0,
+                  Invalid(op_, "exponent must not be 0"));
+    } else if (kOpt == Opt::kAdam) {
+      OP_REQUIRES_OK(c, c->GetAttr("use_sum_inside_sqrt", &optimizer_.adam.use_sum_inside_sqrt));
+    } else if (kOpt == Opt::kFtrl) {
+      OP_REQUIRES_OK(c, c->GetAttr("multiply_linear_by_learning_rate",
+                                   &optimizer_.ftrl.multiply_linear_by_lr));
+      OP_REQUIRES_OK(c, c->GetAttr("l1_regularization_strength", &optimizer_.ftrl.l1));
+    }
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    constexpr StandaloneLayout L = LayoutOf<kOpt>();
+    constexpr int kSlots = kOpt == Opt::kSgd ? 0 : kOpt == Opt::kAdagrad ? 1 : 2;
+    const Tensor& indices = ctx->input(L.indices);
+    const Tensor& grads = ctx->input(L.gradient);
+    const Tensor& table = ctx->input(L.table);
+    OP_REQUIRES_OK(ctx, CheckRank(op_, "indices", indices, 1));
+    OP_REQUIRES_OK(ctx, CheckRank(op_, "embedding_table", table, 2));
+    OP_REQUIRES_OK(ctx, CheckRank(op_, "gradient", grads, 2));
+    const int64_t n = indices.NumElements(), rows = table.dim_size(0);
+    OP_REQUIRES(ctx, table.dim_size(1) == width_ && grads.dim_size(1) == width_ &&
+                         grads.dim_size(0) == n,
+                Invalid(op_, absl::StrCat("gradient ", grads.shape().DebugString(),
+                                          " and embedding_table ", table.shape().DebugString(),
+                                          " must be [", n, ", feature_width = ", width_,
+                                          "] and [rows, ", width_, "]")));
+    for (int k = 0; k < kSlots; ++k) {
+      OP_REQUIRES_OK(ctx, CheckSameShape(op_, "a slot variable", ctx->input(L.slots[k]), table));
+    }
+    float lr;
+    OP_REQUIRES_OK(ctx, ScalarValue(op_, "learning_rate", ctx->input(L.learning_rate), &lr));
+    SparseCoreOptimizer optimizer = optimizer_;
+    if (kOpt == Opt::kAdagradMomentum) {
+      OP_REQUIRES_OK(ctx, ScalarValue(op_, "beta_1", ctx->input(3), &optimizer.momentum.momentum));
+      OP_REQUIRES_OK(ctx, ScalarValue(op_, "epsilon", ctx->input(4), &optimizer.momentum.epsilon));
+    } else if (kOpt == Opt::kAdam) {
+      OP_REQUIRES_OK(ctx, ScalarValue(op_, "beta_1", ctx->input(6), &optimizer.adam.beta1));
+      OP_REQUIRES_OK(ctx, ScalarValue(op_, "beta_2", ctx->input(7), &optimizer.adam.beta2));
+      OP_REQUIRES_OK(ctx, ScalarValue(op_, "epsilon", ctx->input(8), &optimizer.adam.epsilon));
+    } else if (kOpt == Opt::kFtrl) {
+      OP_REQUIRES_OK(ctx, ScalarValue(op_, "beta", ctx->input(6), &optimizer.ftrl.beta));
+      OP_REQUIRES_OK(ctx, ScalarValue(op_, "learning_rate_power", ctx->input(7),
+                                      &optimizer.ftrl.lr_power));
+      OP_REQUIRES_OK(ctx, ScalarValue(op_, "l2_regularization_strength", ctx->input(8),
+                                      &optimizer.ftrl.l2));
+    }
+    const auto idx = indices.vec<int32_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      OP_REQUIRES(ctx, idx(i) >= 0 && idx(i) < rows,
+                  Invalid(op_, absl::StrCat("indices[", i, "] = ", idx(i), " is outside [0, ", rows,
+                                            ") (rows of the embedding table)")));
+    }
+    float* w;
+    float* s[kMaxSlots] = {};
+    OP_REQUIRES_OK(ctx, CopyToOutput(ctx, 0, table, &w));
+    for (int k = 0; k < kSlots; ++k) {
+      OP_REQUIRES_OK(ctx, CopyToOutput(ctx, L.slot_outputs[k], ctx->input(L.slots[k]), &s[k]));
+    }
+    const float* g = grads.flat<float>().data();
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t off = static_cast<int64_t>(idx(i)) * width_;
+      RowArgs a{};
+      a.w = w + off;
+      for (int k = 0; k < kSlots; ++k) a.s[k] = s[k] + off;
+      a.g = g + i * width_;
+      a.dim = static_cast<int>(width_);
+      a.lr = lr;
+      optimizer.Update(a, /*clip=*/false);
+    }
+  }
+
+ private:
+  const std::string op_;
+  SparseCoreOptimizer optimizer_;
+  int64_t width_ = 1;
+};
+
+template <typename Kernel>
+void Register(const std::string& bare) {
+  RegisterCpuKernel<Kernel>(bare, CoreOpRegistered(bare));
+}
+
+template <Opt kOpt>
+void RegisterOptimizer(const char* infix) {
+  for (const char* form : {"CsrInput", "StaticBufferSize"}) {
+    Register<CsrGradOp<kOpt>>(absl::StrCat("XlaSparseDenseMatmulGradWith", infix, "And", form));
+  }
+  Register<StandaloneOp<kOpt>>(absl::StrCat("XlaSparseCore", infix));
+}
+
+bool RegisterKernels() {
+  Register<CsrLookupOp>("XlaSparseDenseMatmulWithCsrInput");
+  Register<CsrLookupOp>("XlaSparseDenseMatmulWithStaticBufferSize");
+  Register<CsrGradCustomOp>("XlaSparseDenseMatmulGradWithCsrInput");
+  RegisterOptimizer<Opt::kSgd>("Sgd");
+  RegisterOptimizer<Opt::kAdagrad>("Adagrad");
+  RegisterOptimizer<Opt::kAdagradMomentum>("AdagradMomentum");
+  RegisterOptimizer<Opt::kAdam>("Adam");
+  RegisterOptimizer<Opt::kFtrl>("Ftrl");
+  return true;
+}
+
+[[maybe_unused]] const bool kKernelsRegistered = RegisterKernels();
+
+}  // namespace
+}  // namespace kernels
+}  // namespace tf_tpu_emb
