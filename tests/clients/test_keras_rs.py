@@ -22,5 +22,4 @@ def test_keras_rs_tpu_path_on_the_engine(replicas):
         SCRIPT, replicas, KERAS_BACKEND="tensorflow")
     print("Keras-RS replicas=%d max deviation from numpy %s" % (
         replicas, clients_common.line_value(out, "MAXDEV ")))
-    assert ours["losses"][0] == pytest.approx(theirs["losses"][0], rel=1e-7)
     clients_common.assert_symmetric("Keras-RS", replicas, ours, theirs)

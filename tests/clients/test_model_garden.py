@@ -38,7 +38,7 @@ def test_model_garden_train_test_tpu_cases(tmp_path, replicas):
     clients_common.require("official.recommendation.ranking")
     proc = clients_common.run_client(
         ["-m", "official.recommendation.ranking.train_test"] + TPU_CASES, replicas=replicas,
-        timeout=1800, cwd=str(tmp_path), TF_USE_LEGACY_KERAS="1", TEST_TMPDIR=str(tmp_path))
+        timeout=3600, cwd=str(tmp_path), TF_USE_LEGACY_KERAS="1", TEST_TMPDIR=str(tmp_path))
     ran = re.search(r"Ran (\d+) tests?", proc.stderr)
     print("Model Garden train_test.py TPU cases, %d replicas: %s" % (
         replicas, ran.group(0) if ran else "?"))

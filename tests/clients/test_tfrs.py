@@ -22,5 +22,4 @@ def test_tfrs_tpu_path_on_the_engine(replicas):
         SCRIPT, replicas, TF_USE_LEGACY_KERAS="1")
     print("TFRS replicas=%d max deviation from numpy %s" % (
         replicas, clients_common.line_value(out, "MAXDEV ")))
-    assert ours["losses"][0] == theirs["losses"][0]     # the first epoch: before any table update
     clients_common.assert_symmetric("TFRS", replicas, ours, theirs)
