@@ -2,7 +2,9 @@
 with the ParameterServerStrategy side, completes with activations equal to
 the local engine's and prints every figure; and its bytes per host are what
 the routing moves: the automatic form never moves more than either fixed
-form, and a host's share shrinks as hosts are added."""
+form, and a host's share shrinks as hosts are added.  benchmarks/bench_pinned.py
+(pinned cores; direct and through the simulated network of
+benchmarks/netsim_relay.py) runs its --quick form and fills its table."""
 import importlib.util
 import os
 
@@ -68,3 +70,34 @@ def test_bytes_per_host_auto_form_and_host_count(lib):
         assert len(moved) == hosts
         mean[hosts] = np.mean([a + b for a, b in moved])
     assert mean[1] > mean[2] > mean[4], mean
+
+
+PINNED = os.path.join(harness.ROOT, "benchmarks", "bench_pinned.py")
+
+
+@pytest.mark.parametrize("net", ["direct", "relay"])
+def test_pinned_quick_run_prints_every_figure(net):
+    """benchmarks/bench_pinned.py (hosts and worker on disjoint cores; with
+    ``--net relay`` through benchmarks/netsim_relay.py) runs, its hosts side
+    equals the local engine, and every column of its table is filled."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two cores to pin the worker and the hosts apart")
+    args = [PINNED, "--quick", "--net", net, "--worker-cpus", str(cpus[0]),
+            "--host-cpus", str(cpus[1])]
+    if net == "relay":
+        args += ["--delays-us", "0,500", "--rate-gbit", "10"]
+    result = harness.run_python(args, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "MISMATCH" not in result.stdout
+    table = result.stdout.split("medians over", 1)[1].splitlines()
+    header = table[1].split()
+    assert header[:7] == ["net", "steps", "local_ms", "local_sps", "hosts_ms", "hosts_sps",
+                          "overhead"], table
+    rows = [line.split() for line in table[2:] if line.strip() and not line.startswith("(")]
+    want = [("direct", "1"), ("direct", "10")] if net == "direct" else [
+        ("0us", "1"), ("0us", "10"), ("500us", "1"), ("500us", "10")]
+    assert [tuple(row[:2]) for row in rows] == want, table
+    for row in rows:
+        assert len(row) == len(header), (header, row)
+        assert float(row[header.index("MB/step")]) > 0, row

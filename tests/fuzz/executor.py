@@ -96,6 +96,7 @@ class Executor:
         self.maybe_aborted = set()
         self.snapshot = None
         self.abandoned_threads = []
+        self.restart_worker = False  # a case that changed the process (a cluster)
 
     def replicas(self):
         return max(1, self.config.num_tensor_cores) if self.config is not None else 0
@@ -597,6 +598,15 @@ class Executor:
                     want[k] = w * scales[b] * grad[b]
             if out.shape != want.shape or not np.allclose(out, want, rtol=1e-5, atol=1e-5):
                 raise Finding("corruption", "EmbeddingBagGrad differs from the numpy reference")
+
+    # ----------------------------------------------------------- cluster
+    def op_cluster(self, spec):
+        """A random model on real embedding hosts against one engine
+        (``cluster_case.py``); the worker starts afresh after it."""
+        import cluster_case  # pylint: disable=import-outside-toplevel
+
+        self.restart_worker = True
+        cluster_case.run(spec, Finding)
 
     # ---------------------------------------------------------- selftest
     def op_selftest(self, kind):

@@ -16,7 +16,11 @@ needs the family names); generation does.
 """
 import numpy as np
 
-FAMILIES = ("config", "enqueue", "recv_send", "load_retrieve", "lifecycle", "embedding_bag")
+FAMILIES = ("config", "enqueue", "recv_send", "load_retrieve", "lifecycle", "embedding_bag",
+            "cluster")
+#: Families whose cases are slow (``cluster``: S server processes a case):
+#: ``runner.py`` runs at most this many of them unless ``--no-case-limits``.
+CASE_LIMITS = {"cluster": 100}
 #: selftest: deliberate crash / hang / wrong-error / corruption cases that
 #: prove the runner records each (tests/fuzz/test_fuzz_quick.py).
 ALL_FAMILIES = FAMILIES + ("selftest",)
@@ -727,6 +731,35 @@ def gen_embedding_bag(rng):
                  weights=weights, combiner=combiner, grad=grad, grad_expect=grad_expect)]
 
 
+def gen_cluster(rng):
+    """A random model on S real embedding hosts against one engine
+    (``cluster_case.py``): one step, run by the executor's ``cluster`` op."""
+    hosts = int(rng.integers(1, 4))
+    tables = []
+    for _ in range(int(rng.integers(1, 4))):
+        vocab = int(_pick(rng, (1, 2, 3, 5, 17, 64)))
+        dim = int(rng.integers(1, 9))
+        tables.append({"vocab": vocab, "dim": dim,
+                       "combiner": str(_pick(rng, ("sum", "mean", "sqrtn"))),
+                       "init": (rng.standard_normal((vocab, dim)) * 0.1).astype(np.float32)})
+    features = [int(rng.integers(len(tables))) for _ in range(int(rng.integers(1, 5)))]
+    batch = int(rng.integers(1, 9))
+    steps = []
+    for _ in range(int(rng.integers(1, 4))):
+        feats, grads = {}, {}
+        for i, t in enumerate(features):
+            lengths = rng.integers(0, 4, batch)
+            splits = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+            feats["f%d" % i] = (splits, rng.integers(0, tables[t]["vocab"], int(splits[-1])))
+            grads["f%d" % i] = rng.standard_normal((batch, tables[t]["dim"])).astype(np.float32)
+        steps.append({"features": feats, "grads": grads})
+    spec = {"hosts": hosts, "tables": tables, "features": features, "batch": batch,
+            "optimizer": str(_pick(rng, ("sgd", "adagrad", "adam", "ftrl"))),
+            "lr": float(_pick(rng, (0.01, 0.1, 0.5))),
+            "sharding": str(_pick(rng, ("DIV_DEFAULT", "MOD"))), "steps": steps}
+    return [step("cluster", "ok", spec=spec)]
+
+
 def gen_selftest(rng, index):
     """Cases that prove the runner: index % 6 = 0 abort, 1 SIGSEGV, 2 hang,
     3 a non-TF exception, 4 a rejected op that changes the tables, 5 ok."""
@@ -739,7 +772,7 @@ def gen_selftest(rng, index):
 
 GENERATORS = {"config": gen_config, "enqueue": gen_enqueue, "recv_send": gen_recv_send,
               "load_retrieve": gen_load_retrieve, "lifecycle": gen_lifecycle,
-              "embedding_bag": gen_embedding_bag}
+              "embedding_bag": gen_embedding_bag, "cluster": gen_cluster}
 
 
 def generate(family, seed, index):

@@ -204,6 +204,9 @@ def main(argv=None):
         os.environ.get("TF_TPU_EMB_FUZZ_TIMEOUT", "60")), help="seconds per case")
     parser.add_argument("--out", default="out/fuzz", help="reproducers go to OUT/findings")
     parser.add_argument("--replay", help="run one reproducer file again and print it")
+    parser.add_argument("--no-case-limits", action="store_true",
+                        help="run --cases of every family (by default the slow ones, "
+                        "families.CASE_LIMITS, run at most their limit)")
     args = parser.parse_args(argv)
 
     os.makedirs(args.out, exist_ok=True)
@@ -240,10 +243,12 @@ def main(argv=None):
                       flush=True)
             done = sum(counts[name].values())
             if done % 1000 == 0:
-                print("  %s: %d/%d cases, %.0f s" % (name, done, args.cases,
+                print("  %s: %d/%d cases, %.0f s" % (name, done, cases,
                                                      time.monotonic() - start), flush=True)
 
-        run_cases([{"family": name, "seed": seed, "index": i} for i in range(args.cases)],
+        cases = args.cases if args.no_case_limits else min(
+            args.cases, families.CASE_LIMITS.get(name, args.cases))
+        run_cases([{"family": name, "seed": seed, "index": i} for i in range(cases)],
                   timeout=args.timeout, log_dir=args.out, on_result=on_result)
         seconds[name] = time.monotonic() - start
     table = summary_table(counts, seconds)

@@ -18,6 +18,12 @@ pytestmark = pytest.mark.system  # child processes, servers or compilers
 
 QUICK_SEED = int(os.environ.get("TF_TPU_EMB_FUZZ_SEED", "20261123"))
 QUICK_CASES = int(os.environ.get("TF_TPU_EMB_FUZZ_QUICK_CASES", "25"))
+# The cluster family starts 1-3 server processes a case (seconds each).
+QUICK_CLUSTER_CASES = int(os.environ.get("TF_TPU_EMB_FUZZ_QUICK_CLUSTER_CASES", "2"))
+
+
+def quick_cases(family):
+    return QUICK_CLUSTER_CASES if family == "cluster" else QUICK_CASES
 TIMEOUT = float(os.environ.get("TF_TPU_EMB_FUZZ_TIMEOUT", "60"))
 
 
@@ -50,7 +56,7 @@ def quick_results(tmp_path_factory):
     """Every family's quick cases and the FOUND cases, run by one worker (one
     TensorFlow start)."""
     requests = [{"family": f, "seed": QUICK_SEED, "index": i}
-                for f in families.FAMILIES for i in range(QUICK_CASES)]
+                for f in families.FAMILIES for i in range(quick_cases(f))]
     requests += [{"family": f, "seed": seed, "index": i} for f, seed, i in FOUND]
     results = runner.run_cases(requests, timeout=TIMEOUT,
                                log_dir=str(tmp_path_factory.mktemp("fuzz")))
@@ -64,7 +70,7 @@ def test_quick_profile(family, quick_results):
            for q, r in quick_results if q["family"] == family and q["seed"] == QUICK_SEED
            and r["outcome"] != "ok"]
     assert not bad, "%d finding(s) (replay: python tests/fuzz/runner.py --families %s " \
-        "--seed %d --cases %d):\n%s" % (len(bad), family, QUICK_SEED, QUICK_CASES,
+        "--seed %d --cases %d):\n%s" % (len(bad), family, QUICK_SEED, quick_cases(family),
                                         "\n".join(bad))
 
 

@@ -70,7 +70,8 @@ def main():
             print(json.dumps(families.describe(request["family"], request["seed"],
                                                request["index"]))[:20000], flush=True)
         outcome, detail = runner.run(case)
-        restart = bool(runner.abandoned_threads)  # a stuck op thread: start afresh
+        # A stuck op thread, or a case that left TF's context changed: start afresh.
+        restart = bool(runner.abandoned_threads) or runner.restart_worker
         out.write(json.dumps({"outcome": outcome, "detail": detail, "restart": restart}) + "\n")
         if restart:
             out.flush()

@@ -340,7 +340,10 @@ class EmbeddingHosts:
         probed and ``DeadlineExceededError`` names those that did not answer;
         the step is abandoned (its thread stays blocked until the host's
         connection closes) and the hosts' engines must be restored from the
-        last checkpoint after the host is restarted and `reconnect` ed.
+        last checkpoint after the host is restarted and `reconnect` ed.  An
+        abandoned step that had not started `fn` yet (it was asking a hung
+        host for its step count) never starts it: it cannot apply a stale
+        step to the hosts after they were restored.
 
         A step that fails leaves no doubt about what it changed: the error
         also says, per host, whether it applied the step(s) -- the step count
@@ -349,10 +352,20 @@ class EmbeddingHosts:
         and reconnecting a host that died) makes every host consistent again."""
         timeout = host_timeout_s(timeout_s)
         result = {}
+        state = {"abandoned": False, "started": False}
+        lock = threading.Lock()
 
         def target():
             try:
                 result["before"] = self.step_counts()
+                with lock:
+                    if state["abandoned"]:
+                        # The deadline passed while a hung host was asked for
+                        # its step count: the caller was told the step failed
+                        # and will restore the hosts; starting it now could
+                        # write a stale step into the restored tables.
+                        return
+                    state["started"] = True
                 result["value"] = fn(*args, **kwargs)
             except BaseException as e:  # noqa: BLE001 - re-raised in the caller
                 result["error"] = e
@@ -360,8 +373,12 @@ class EmbeddingHosts:
         thread = threading.Thread(target=target, daemon=True, name="tf_tpu_emb-step")
         thread.start()
         thread.join(timeout)
-        if thread.is_alive():
-            raise self._deadline_error("the step did not finish", timeout,
+        with lock:
+            state["abandoned"] = thread.is_alive()
+        if state["abandoned"]:
+            raise self._deadline_error(
+                "the step did not finish" if state["started"] else
+                "the step did not finish (nor start: it never will, nothing was sent)", timeout,
                                        "the timeout_s argument or " + TIMEOUT_ENV)
         if "error" in result:
             error, k = result["error"], None
