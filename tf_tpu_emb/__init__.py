@@ -23,6 +23,7 @@ _PUBLIC = {
     "embedding_bag": ("tf_tpu_emb.embedding_bag", None),
     "optimizers": ("tf_tpu_emb.optimizers", None),
     "serving": ("tf_tpu_emb.serving", None),
+    "sparsecore_checkpoint": ("tf_tpu_emb.sparsecore_checkpoint", None),
     "TPUEmbedding": ("tf_tpu_emb.mid_level", "TPUEmbedding"),
     "TPUEmbeddingV0": ("tf_tpu_emb.v0", "TPUEmbeddingV0"),
     "export_serving": ("tf_tpu_emb.serving", "export_serving"),
