@@ -135,8 +135,7 @@ class CooMatmulOp : public OpKernel {
 };
 
 bool RegisterKernels() {
-  const std::string bare = "XlaSparseDenseMatmul";
-  RegisterCpuKernel<CooMatmulOp>(bare, CoreOpRegistered(bare));
+  sc_util::RegisterBoth<CooMatmulOp>("XlaSparseDenseMatmul");
   return true;
 }
 

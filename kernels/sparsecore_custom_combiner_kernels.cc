@@ -31,6 +31,7 @@ using sc_util::CheckRank;
 using sc_util::CheckShape;
 using sc_util::Invalid;
 using sc_util::Opt;
+using sc_util::RegisterBoth;
 using sc_util::UserFunction;
 
 // Inputs 0-4 of every custom-combiner op.
@@ -433,21 +434,16 @@ class CustomCombinerGradCustomOp : public OpKernel {
   UserFunction optimizer_;
 };
 
-template <typename Kernel>
-void Register(const std::string& bare) {
-  RegisterCpuKernel<Kernel>(bare, CoreOpRegistered(bare));
-}
-
 bool RegisterKernels() {
   const std::string base = "XlaSparseDenseMatmulCustomCombinerOnTc";
-  Register<CustomCombinerLookupOp>(base + "WithCsrInput");
-  Register<CustomCombinerGradCustomOp>(base + "GradWithCsrInput");
-  Register<CustomCombinerGradOp<Opt::kSgd>>(base + "GradWithSgdAndCsrInput");
-  Register<CustomCombinerGradOp<Opt::kAdagrad>>(base + "GradWithAdagradAndCsrInput");
-  Register<CustomCombinerGradOp<Opt::kAdagradMomentum>>(base +
+  RegisterBoth<CustomCombinerLookupOp>(base + "WithCsrInput");
+  RegisterBoth<CustomCombinerGradCustomOp>(base + "GradWithCsrInput");
+  RegisterBoth<CustomCombinerGradOp<Opt::kSgd>>(base + "GradWithSgdAndCsrInput");
+  RegisterBoth<CustomCombinerGradOp<Opt::kAdagrad>>(base + "GradWithAdagradAndCsrInput");
+  RegisterBoth<CustomCombinerGradOp<Opt::kAdagradMomentum>>(base +
                                                         "GradWithAdagradMomentumAndCsrInput");
-  Register<CustomCombinerGradOp<Opt::kAdam>>(base + "GradWithAdamAndCsrInput");
-  Register<CustomCombinerGradOp<Opt::kFtrl>>(base + "GradWithFtrlAndCsrInput");
+  RegisterBoth<CustomCombinerGradOp<Opt::kAdam>>(base + "GradWithAdamAndCsrInput");
+  RegisterBoth<CustomCombinerGradOp<Opt::kFtrl>>(base + "GradWithFtrlAndCsrInput");
   return true;
 }
 

@@ -1,9 +1,10 @@
-// Helpers of the SparseCore kernels that take user functions (the
-// custom-combiner ops, kernels/sparsecore_custom_combiner_kernels.cc) and of
-// the COO lookup (kernels/sparsecore_coo_matmul_kernel.cc): input checks
-// naming the op, the SparseCore count, the gradient ops' optimizer attrs and
-// row update (docs/sparsecore_semantics.md §6), and calling a `func` attr
-// through the function library runtime with its outputs checked.
+// Helpers of the SparseCore kernels (the custom-combiner ops,
+// kernels/sparsecore_custom_combiner_kernels.cc, the COO lookup,
+// kernels/sparsecore_coo_matmul_kernel.cc, and the preprocessing through
+// kernels/sparsecore_preprocess.h): input checks naming the op, registration
+// under both names, the SparseCore count, the gradient ops' optimizer attrs
+// and row update (docs/sparsecore_semantics.md §6), and calling a `func`
+// attr through the function library runtime with its outputs checked.
 //
 // kernels/sparsecore_matmul_kernels.cc has its own copies of the first
 // helpers in its anonymous namespace (it is being reworked for multi-chip
@@ -86,6 +87,13 @@ inline absl::Status CopyToOutput(OpKernelContext* ctx, int index, const Tensor& 
   }
   *data = out->flat<float>().data();
   return absl::OkStatus();
+}
+
+// Registers `Kernel` under our prefix and, where this TensorFlow has the
+// op, under TF's name (the SparseCore family grew over TF versions).
+template <typename Kernel>
+void RegisterBoth(const std::string& bare) {
+  RegisterCpuKernel<Kernel>(bare, CoreOpRegistered(bare));
 }
 
 // ------------------------------------------------ §6 the optimizers

@@ -8,7 +8,7 @@
 // None of these ops addresses an engine: each is a function of its inputs
 // (tables and slots come in as tensors and go out updated), so none carries
 // the `engine` attr of tpu_embedding_ops.cc.  The CPU kernels (kernels/
-// sparsecore_*_kernels.cc) are registered under both names.
+// sparsecore_*.cc) are registered under both names.
 //
 // TF's shape functions (tensorflow/core/tpu/ops/sparse_core_ops.cc,
 // sparse_core_preprocess_ops.cc, tpu_copy_with_dynamic_shape_op.cc) were the
