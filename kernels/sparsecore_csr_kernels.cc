@@ -145,28 +145,92 @@ absl::Status WriteCsr(OpKernelContext* ctx, const std::string& op, const std::st
   return absl::OkStatus();
 }
 
+// TF's check of the minibatching ops: the chip's samples split evenly over
+// its SparseCores (semantics §4).
+absl::Status CheckSampleCount(const std::string& op, int sample_count, int num_sc) {
+  if (sample_count % num_sc == 0) return absl::OkStatus();
+  return Invalid(op, absl::StrCat("sample_count ", sample_count,
+                                  " is not divisible by the number of sparsecores per chip ",
+                                  num_sc));
+}
+
+// The attrs both CSR ops share (semantics §3): the table, the minibatch
+// limit, the SparseCore and physical replica counts, max_ids_per_chip (per
+// sample * sample_count_per_sc * num_sc_per_chip with `per_sc`, else per
+// sample * sample_count) and the buffer sizes, which must fit int32 (ours);
+// max_ids_per_chip a multiple of the pad size (TF's check).
+struct CsrAttrs {
+  std::string table;
+  int max_minibatches = 1, num_sc = 1;
+  int64_t num_physical = 1, max_ids = 0;
+  sc::CsrBufferSizes sizes{};
+
+  absl::Status Read(OpKernelConstruction* c, const std::string& op, bool per_sc) {
+    int num_replica, sample_count, per_sample;
+    TF_RETURN_IF_ERROR(c->GetAttr("table_name", &table));
+    TF_RETURN_IF_ERROR(c->GetAttr("num_replica", &num_replica));
+    TF_RETURN_IF_ERROR(
+        c->GetAttr(per_sc ? "sample_count_per_sc" : "sample_count", &sample_count));
+    TF_RETURN_IF_ERROR(c->GetAttr("max_minibatches_per_sc", &max_minibatches));
+    TF_RETURN_IF_ERROR(c->GetAttr("max_ids_per_chip_per_sample", &per_sample));
+    TF_RETURN_IF_ERROR(c->GetAttr("num_sc_per_chip", &num_sc));
+    if (!per_sc) TF_RETURN_IF_ERROR(CheckSampleCount(op, sample_count, num_sc));
+    num_physical = static_cast<int64_t>(num_replica) * num_sc;
+    max_ids = static_cast<int64_t>(per_sample) * sample_count * (per_sc ? num_sc : 1);
+    sizes = sc::CsrBufferSizesFor(num_replica, num_sc, max_minibatches, max_ids);
+    // Without per_sc the id counts have 64 per (SparseCore, replica).
+    const bool counts_fit = per_sc || num_physical * num_sc * sc::kMaxDivisions < kInt32Max;
+    if (max_ids > kInt32Max || sizes.row_pointers > kInt32Max || !counts_fit) {
+      return Invalid(op, absl::StrCat("the buffers (", sizes.row_pointers, " row pointers, ",
+                                      max_ids, " ids) exceed int32"));
+    }
+    if (max_ids % sc::kXlaPadSize != 0) {
+      return Invalid(op, absl::StrCat("The max_ids_per_chip is set to be ", max_ids,
+                                      " which is not divisible by the xla_pad_size ",
+                                      sc::kXlaPadSize, " ."));
+    }
+    return absl::OkStatus();
+  }
+};
+
+// The minibatch bounds of `splits` (its elements' bits or'ed; a negative
+// element is InvalidArgument, ours: semantics §4).
+absl::Status SplitBounds(const std::string& op, const Tensor& splits_t, std::vector<int>* bounds) {
+  uint64_t splits = 0;
+  const auto split_values = splits_t.flat<int64_t>();
+  for (int64_t i = 0; i < split_values.size(); ++i) {
+    if (split_values(i) < 0) {
+      return Invalid(op, absl::StrCat("splits[", i, "] = ", split_values(i),
+                                      " is negative (bit 63 is no split point)"));
+    }
+    splits |= static_cast<uint64_t>(split_values(i));
+  }
+  *bounds = BucketBounds(splits);
+  return absl::OkStatus();
+}
+
+// Every entry of `counts` (`name`) non-decreasing from 0 and at most `n`,
+// the length of `what` (ours: TF checks only the last).
+absl::Status CheckIdCounts(const std::string& op, const std::string& name,
+                           const ::tensorflow::TTypes<int32_t>::ConstFlat& counts, int64_t n,
+                           const char* what) {
+  for (int64_t i = 0; i < counts.size(); ++i) {
+    const int32_t prev = i == 0 ? 0 : counts(i - 1);
+    if (counts(i) < prev || counts(i) > n) {
+      return Invalid(op, absl::StrCat(name, "[", i, "] = ", counts(i), " must lie in [", prev,
+                                      ", ", n, "] (non-decreasing, at most ", what,
+                                      " length)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 class ConvertToSparseCoreCsrWrappedCooTensorOp : public OpKernel {
  public:
   explicit ConvertToSparseCoreCsrWrappedCooTensorOp(OpKernelConstruction* c)
       : OpKernel(c), op_(BareOpName(c)) {
-    int num_replica, sample_count_per_sc, per_sample;
-    OP_REQUIRES_OK(c, c->GetAttr("table_name", &table_));
-    OP_REQUIRES_OK(c, c->GetAttr("num_replica", &num_replica));
-    OP_REQUIRES_OK(c, c->GetAttr("sample_count_per_sc", &sample_count_per_sc));
-    OP_REQUIRES_OK(c, c->GetAttr("max_minibatches_per_sc", &max_minibatches_));
-    OP_REQUIRES_OK(c, c->GetAttr("max_ids_per_chip_per_sample", &per_sample));
-    OP_REQUIRES_OK(c, c->GetAttr("num_sc_per_chip", &num_sc_));
+    OP_REQUIRES_OK(c, a_.Read(c, op_, /*per_sc=*/true));
     OP_REQUIRES_OK(c, c->GetAttr("allow_id_dropping", &allow_dropping_));
-    num_physical_ = static_cast<int64_t>(num_replica) * num_sc_;
-    max_ids_ = static_cast<int64_t>(per_sample) * sample_count_per_sc * num_sc_;
-    sizes_ = sc::CsrBufferSizesFor(num_replica, num_sc_, max_minibatches_, max_ids_);
-    OP_REQUIRES(c, max_ids_ <= kInt32Max && sizes_.row_pointers <= kInt32Max,
-                Invalid(op_, absl::StrCat("the buffers (", sizes_.row_pointers, " row pointers, ",
-                                          max_ids_, " ids) exceed int32")));
-    OP_REQUIRES(c, max_ids_ % sc::kXlaPadSize == 0,
-                Invalid(op_, absl::StrCat("The max_ids_per_chip is set to be ", max_ids_,
-                                          " which is not divisible by the xla_pad_size ",
-                                          sc::kXlaPadSize, " .")));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -175,28 +239,21 @@ class ConvertToSparseCoreCsrWrappedCooTensorOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->input_list("sorted_col_ids_list", &cols));
     OP_REQUIRES_OK(ctx, ctx->input_list("sorted_gains_list", &gains));
     OP_REQUIRES_OK(ctx, ctx->input_list("id_counts_list", &id_counts));
-    const Tensor& splits_t = ctx->input(4 * num_sc_);
-    uint64_t splits = 0;
-    const auto split_values = splits_t.flat<int64_t>();
-    for (int64_t i = 0; i < split_values.size(); ++i) {
-      TTE_SC_CHECK(ctx, split_values(i) >= 0,
-                   Invalid(op_, absl::StrCat("splits[", i, "] = ", split_values(i),
-                                             " is negative (bit 63 is no split point)")));
-      splits |= static_cast<uint64_t>(split_values(i));
-    }
-    const std::vector<int> bounds = BucketBounds(splits);
+    const int num_sc = a_.num_sc;
+    std::vector<int> bounds;
+    OP_REQUIRES_OK(ctx, SplitBounds(op_, ctx->input(4 * num_sc), &bounds));
     const int64_t num_minibatches = static_cast<int64_t>(bounds.size()) - 1;
-    TTE_SC_CHECK(ctx, num_minibatches <= max_minibatches_,
+    TTE_SC_CHECK(ctx, num_minibatches <= a_.max_minibatches,
                  Invalid(op_, absl::StrCat("the splits make ", num_minibatches,
                                            " minibatches per sparse core, more than "
                                            "max_minibatches_per_sc = ",
-                                           max_minibatches_)));
+                                           a_.max_minibatches)));
     // Validate every SparseCore's inputs before writing anything.
-    const int64_t p = num_physical_;
+    const int64_t p = a_.num_physical;
     const int64_t flat_size = p + 1, minibatch_size = p * sc::kMaxDivisions + 1;
     const bool minibatching = id_counts[0].NumElements() == minibatch_size;
     int64_t total_ids = 0;
-    for (int s = 0; s < num_sc_; ++s) {
+    for (int s = 0; s < num_sc; ++s) {
       const int64_t n = rows[s].NumElements();
       TTE_SC_CHECK(ctx, cols[s].NumElements() == n && gains[s].NumElements() == n,
                    Invalid(op_, absl::StrCat("sparse core ", s, ": sorted row ids (", n,
@@ -213,19 +270,13 @@ class ConvertToSparseCoreCsrWrappedCooTensorOp : public OpKernel {
                                              s, "] has ", id_counts[s].NumElements(),
                                              " elements.")));
       const auto counts = id_counts[s].flat<int32_t>();
-      for (int64_t i = 0; i < counts.size(); ++i) {
-        const int32_t prev = i == 0 ? 0 : counts(i - 1);
-        TTE_SC_CHECK(ctx, counts(i) >= prev && counts(i) <= n,
-                     Invalid(op_, absl::StrCat("id_counts_list[", s, "][", i, "] = ", counts(i),
-                                               " must lie in [", prev, ", ", n,
-                                               "] (non-decreasing, at most the sorted tensors' "
-                                               "length)")));
-      }
+      OP_REQUIRES_OK(ctx, CheckIdCounts(op_, absl::StrCat("id_counts_list[", s, "]"), counts, n,
+                                        "the sorted tensors'"));
       total_ids += counts(counts.size() - 1);
     }
 
     CsrSource source;
-    for (int s = 0; s < num_sc_; ++s) {
+    for (int s = 0; s < num_sc; ++s) {
       source.rows.push_back(rows[s].flat<int32_t>().data());
       source.cols.push_back(cols[s].flat<int32_t>().data());
       source.gains.push_back(gains[s].flat<float>().data());
@@ -235,18 +286,15 @@ class ConvertToSparseCoreCsrWrappedCooTensorOp : public OpKernel {
       (void)s;
       return minibatching ? rep * sc::kMaxDivisions + bound : rep + (bound > 0 ? 1 : 0);
     };
-    OP_REQUIRES_OK(ctx, WriteCsr(ctx, op_, table_, source, bounds, num_sc_, p,
-                                 sizes_.row_pointers, max_ids_, allow_dropping_, total_ids,
+    OP_REQUIRES_OK(ctx, WriteCsr(ctx, op_, a_.table, source, bounds, num_sc, p,
+                                 a_.sizes.row_pointers, a_.max_ids, allow_dropping_, total_ids,
                                  minibatching));
   }
 
  private:
   const std::string op_;
-  std::string table_;
-  int max_minibatches_ = 1, num_sc_ = 1;
+  CsrAttrs a_;
   bool allow_dropping_ = false;
-  int64_t num_physical_ = 1, max_ids_ = 0;
-  sc::CsrBufferSizes sizes_{};
 };
 
 // ------------------------------------------------------ §4 minibatching on CPU
@@ -265,11 +313,7 @@ class GetMinibatchSplitsWithPhysicalReplicaOp : public OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("num_replica", &num_replica));
     OP_REQUIRES_OK(c, c->GetAttr("table_vocab_size", &vocab_));
     OP_REQUIRES_OK(c, c->GetAttr("num_sc_per_chip", &num_sc_));
-    OP_REQUIRES(c, sample_count_ % num_sc_ == 0,
-                Invalid(op_, absl::StrCat("sample_count ", sample_count_,
-                                          " is not divisible by the number of sparsecores per "
-                                          "chip ",
-                                          num_sc_)));
+    OP_REQUIRES_OK(c, CheckSampleCount(op_, sample_count_, num_sc_));
     num_physical_ = static_cast<int64_t>(num_replica) * num_sc_;
     OP_REQUIRES(c, num_physical_ * num_sc_ * sc::kMaxDivisions < kInt32Max,
                 Invalid(op_, absl::StrCat(num_physical_, " physical replicas are too many")));
@@ -375,29 +419,7 @@ class GetMinibatchesInCsrWithPhysicalReplicaOp : public OpKernel {
  public:
   explicit GetMinibatchesInCsrWithPhysicalReplicaOp(OpKernelConstruction* c)
       : OpKernel(c), op_(BareOpName(c)) {
-    int num_replica, sample_count, per_sample;
-    OP_REQUIRES_OK(c, c->GetAttr("table_name", &table_));
-    OP_REQUIRES_OK(c, c->GetAttr("num_replica", &num_replica));
-    OP_REQUIRES_OK(c, c->GetAttr("sample_count", &sample_count));
-    OP_REQUIRES_OK(c, c->GetAttr("max_minibatches_per_sc", &max_minibatches_));
-    OP_REQUIRES_OK(c, c->GetAttr("max_ids_per_chip_per_sample", &per_sample));
-    OP_REQUIRES_OK(c, c->GetAttr("num_sc_per_chip", &num_sc_));
-    OP_REQUIRES(c, sample_count % num_sc_ == 0,
-                Invalid(op_, absl::StrCat("sample_count ", sample_count,
-                                          " is not divisible by the number of sparsecores per "
-                                          "chip ",
-                                          num_sc_)));
-    num_physical_ = static_cast<int64_t>(num_replica) * num_sc_;
-    max_ids_ = static_cast<int64_t>(per_sample) * sample_count;
-    sizes_ = sc::CsrBufferSizesFor(num_replica, num_sc_, max_minibatches_, max_ids_);
-    OP_REQUIRES(c, max_ids_ <= kInt32Max && sizes_.row_pointers <= kInt32Max &&
-                       num_physical_ * num_sc_ * sc::kMaxDivisions < kInt32Max,
-                Invalid(op_, absl::StrCat("the buffers (", sizes_.row_pointers, " row pointers, ",
-                                          max_ids_, " ids) exceed int32")));
-    OP_REQUIRES(c, max_ids_ % sc::kXlaPadSize == 0,
-                Invalid(op_, absl::StrCat("The max_ids_per_chip is set to be ", max_ids_,
-                                          " which is not divisible by the xla_pad_size ",
-                                          sc::kXlaPadSize, " .")));
+    OP_REQUIRES_OK(c, a_.Read(c, op_, /*per_sc=*/false));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -407,43 +429,31 @@ class GetMinibatchesInCsrWithPhysicalReplicaOp : public OpKernel {
     const Tensor& splits_t = ctx->input(4);
     const Tensor& counts_t = ctx->input(5);
     OP_REQUIRES_OK(ctx, RankOne(op_, "id_counts", counts_t));
-    const int64_t n = rows.NumElements(), p = num_physical_;
+    const int64_t n = rows.NumElements(), p = a_.num_physical;
+    const int num_sc = a_.num_sc;
     OP_REQUIRES(ctx, cols.NumElements() == n && gains.NumElements() == n,
                 Invalid(op_, absl::StrCat("row_ids (", n, "), col_ids (", cols.NumElements(),
                                           ") and gains (", gains.NumElements(),
                                           ") must have the same length")));
-    const int64_t num_counts = sc::kMaxDivisions * num_sc_ * p + 1;
+    const int64_t num_counts = sc::kMaxDivisions * num_sc * p + 1;
     OP_REQUIRES(ctx, counts_t.NumElements() == num_counts,
                 Invalid(op_, absl::StrCat("id_counts has ", counts_t.NumElements(),
-                                          " elements; 64 divisions * ", num_sc_,
+                                          " elements; 64 divisions * ", num_sc,
                                           " sparse cores * ", p, " replicas + 1 = ", num_counts,
                                           " expected")));
-    const auto counts = counts_t.vec<int32_t>();
-    for (int64_t i = 0; i < num_counts; ++i) {
-      const int32_t prev = i == 0 ? 0 : counts(i - 1);
-      TTE_SC_CHECK(ctx, counts(i) >= prev && counts(i) <= n,
-                   Invalid(op_, absl::StrCat("id_counts[", i, "] = ", counts(i), " must lie in [",
-                                             prev, ", ", n,
-                                             "] (non-decreasing, at most the ids' length)")));
-    }
-    uint64_t splits = 0;
-    const auto split_values = splits_t.flat<int64_t>();
-    for (int64_t i = 0; i < split_values.size(); ++i) {
-      TTE_SC_CHECK(ctx, split_values(i) >= 0,
-                   Invalid(op_, absl::StrCat("splits[", i, "] = ", split_values(i),
-                                             " is negative (bit 63 is no split point)")));
-      splits |= static_cast<uint64_t>(split_values(i));
-    }
-    const std::vector<int> bounds = BucketBounds(splits);
+    const auto counts = counts_t.flat<int32_t>();
+    OP_REQUIRES_OK(ctx, CheckIdCounts(op_, "id_counts", counts, n, "the ids'"));
+    std::vector<int> bounds;
+    OP_REQUIRES_OK(ctx, SplitBounds(op_, splits_t, &bounds));
     const int64_t num_minibatches = static_cast<int64_t>(bounds.size()) - 1;
-    TTE_SC_CHECK(ctx, num_minibatches <= max_minibatches_,
+    TTE_SC_CHECK(ctx, num_minibatches <= a_.max_minibatches,
                  Invalid(op_, absl::StrCat("The number of minibatches per sparse core is ",
                                            num_minibatches,
                                            ". But the max minibatches per sparse core is set to "
                                            "be ",
-                                           max_minibatches_, " which is smaller.")));
+                                           a_.max_minibatches, " which is smaller.")));
     CsrSource source;
-    for (int s = 0; s < num_sc_; ++s) {
+    for (int s = 0; s < num_sc; ++s) {
       source.rows.push_back(rows.flat<int32_t>().data());
       source.cols.push_back(cols.flat<int32_t>().data());
       source.gains.push_back(gains.flat<float>().data());
@@ -452,17 +462,14 @@ class GetMinibatchesInCsrWithPhysicalReplicaOp : public OpKernel {
     source.position = [p](int s, int64_t bound, int64_t rep) -> int64_t {
       return (s * p + rep) * sc::kMaxDivisions + bound;
     };
-    OP_REQUIRES_OK(ctx, WriteCsr(ctx, op_, table_, source, bounds, num_sc_, p,
-                                 sizes_.row_pointers, max_ids_, /*allow_dropping=*/false,
+    OP_REQUIRES_OK(ctx, WriteCsr(ctx, op_, a_.table, source, bounds, num_sc, p,
+                                 a_.sizes.row_pointers, a_.max_ids, /*allow_dropping=*/false,
                                  counts(num_counts - 1), /*minibatching=*/true));
   }
 
  private:
   const std::string op_;
-  std::string table_;
-  int max_minibatches_ = 1, num_sc_ = 1;
-  int64_t num_physical_ = 1, max_ids_ = 0;
-  sc::CsrBufferSizes sizes_{};
+  CsrAttrs a_;
 };
 
 // StoreMinibatchStatisticsInFdo: on a TPU, records max_ids/max_uniques in
@@ -475,11 +482,7 @@ class StoreMinibatchStatisticsInFdoOp : public OpKernel {
     int sample_count, num_sc;
     OP_REQUIRES_OK(c, c->GetAttr("sample_count", &sample_count));
     OP_REQUIRES_OK(c, c->GetAttr("num_sc_per_chip", &num_sc));
-    OP_REQUIRES(c, sample_count % num_sc == 0,
-                Invalid(op_, absl::StrCat("sample_count ", sample_count,
-                                          " is not divisible by the number of sparsecores per "
-                                          "chip ",
-                                          num_sc)));
+    OP_REQUIRES_OK(c, CheckSampleCount(op_, sample_count, num_sc));
   }
 
   void Compute(OpKernelContext* ctx) override {
