@@ -107,17 +107,28 @@ absl::Status CsrBuffersShapeFn(InferenceContext* c) {
   return absl::OkStatus();
 }
 
-// XlaSparseDenseMatmul: three id vectors of one length, a scalar offsets, a
-// matrix table; activations [input_size, feature_width].
-absl::Status CooMatmulShapeFn(InferenceContext* c) {
+// The lookups' common part: inputs [0, ids_end) vectors, those from
+// `ids_begin` of one length (the ids and gains), a matrix table at
+// `table`; the activations [input_size, feature_width].
+absl::Status LookupShape(InferenceContext* c, int ids_begin, int ids_end, int table,
+                         ShapeHandle* activations) {
   int input_size;
   TF_RETURN_IF_ERROR(c->GetAttr("input_size", &input_size));
-  ShapeHandle unused, merged, activations;
-  TF_RETURN_IF_ERROR(RankOneInputs(c, 0, 3));
+  ShapeHandle unused, merged;
+  TF_RETURN_IF_ERROR(RankOneInputs(c, 0, ids_end));
+  for (int i = ids_begin + 1; i < ids_end; ++i) {
+    TF_RETURN_IF_ERROR(c->Merge(c->input(i), c->input(ids_begin), &merged));
+  }
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(table), 2, &unused));
+  return c->ReplaceDim(c->input(table), 0, c->MakeDim(input_size), activations);
+}
+
+// XlaSparseDenseMatmul: three id vectors of one length, a scalar offsets, a
+// matrix table; activations and four vectors (the CSR form).
+absl::Status CooMatmulShapeFn(InferenceContext* c) {
+  ShapeHandle unused, activations;
+  TF_RETURN_IF_ERROR(LookupShape(c, 0, 3, 4, &activations));
   TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 0, &unused));
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(4), 2, &unused));
-  for (int i = 1; i < 3; ++i) TF_RETURN_IF_ERROR(c->Merge(c->input(i), c->input(0), &merged));
-  TF_RETURN_IF_ERROR(c->ReplaceDim(c->input(4), 0, c->MakeDim(input_size), &activations));
   c->set_output(0, activations);
   for (int i = 1; i < 5; ++i) c->set_output(i, c->UnknownShapeOfRank(1));
   return absl::OkStatus();
@@ -126,13 +137,8 @@ absl::Status CooMatmulShapeFn(InferenceContext* c) {
 // The CSR lookups: four vectors (the ids, gains of one length), a matrix
 // table, a scalar minibatch count; activations [input_size, feature_width].
 absl::Status CsrMatmulShapeFn(InferenceContext* c) {
-  int input_size;
-  TF_RETURN_IF_ERROR(c->GetAttr("input_size", &input_size));
-  ShapeHandle unused, merged, activations;
-  TF_RETURN_IF_ERROR(RankOneInputs(c, 0, 4));
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(4), 2, &unused));
-  for (int i = 2; i < 4; ++i) TF_RETURN_IF_ERROR(c->Merge(c->input(i), c->input(1), &merged));
-  TF_RETURN_IF_ERROR(c->ReplaceDim(c->input(4), 0, c->MakeDim(input_size), &activations));
+  ShapeHandle unused, activations;
+  TF_RETURN_IF_ERROR(LookupShape(c, 1, 4, 4, &activations));
   TF_RETURN_IF_ERROR(c->WithRank(c->input(5), 0, &unused));
   c->set_output(0, activations);
   return absl::OkStatus();
@@ -146,16 +152,13 @@ absl::Status CustomCombinerMatmulShapeFn(InferenceContext* c) {
   TF_RETURN_IF_ERROR(c->GetAttr("input_size", &input_size));
   TF_RETURN_IF_ERROR(c->GetAttr("max_valency", &max_valency));
   TF_RETURN_IF_ERROR(c->GetAttr("num_weights", &num_weights));
-  ShapeHandle unused, merged, activations;
-  TF_RETURN_IF_ERROR(RankOneInputs(c, 0, 5));
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(5), 2, &unused));
-  for (int i = 2; i < 5; ++i) TF_RETURN_IF_ERROR(c->Merge(c->input(i), c->input(1), &merged));
+  ShapeHandle unused, activations;
+  TF_RETURN_IF_ERROR(LookupShape(c, 1, 5, 5, &activations));
   if (num_weights > 0) {
     TF_RETURN_IF_ERROR(c->WithRank(c->input(6), 1, &unused));
     DimensionHandle dim;
     TF_RETURN_IF_ERROR(c->WithValue(c->Dim(c->input(6), 0), num_weights, &dim));
   }
-  TF_RETURN_IF_ERROR(c->ReplaceDim(c->input(5), 0, c->MakeDim(input_size), &activations));
   c->set_output(0, activations);
   c->set_output(1, c->MakeShape({input_size}));
   c->set_output(2, c->MakeShape({c->MakeDim(input_size), c->MakeDim(max_valency),
