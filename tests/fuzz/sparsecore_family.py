@@ -278,6 +278,10 @@ def pack_csr(rng, num_sc, m, batch, shard_rows, pos_ids=False, max_valency=0):
                sorted_gains=_f32(gn))
     if pos_ids:
         out["sorted_pos_ids"] = _i32(pid)
+        valencies = np.zeros(num_sc * batch, np.int32)
+        for k, s, q in used:
+            valencies[k * batch + s] = max(valencies[k * batch + s], q + 1)
+        return out, valencies
     return out
 
 
@@ -418,33 +422,56 @@ def gen_coo_matmul(rng):
 
 
 def gen_combiner(rng):
-    """The custom-combiner lookup with a masked-sum combiner (or one with a
-    wrong output shape); its functions are built by the executor."""
+    """The custom-combiner lookup with a masked-sum combiner, or a gradient
+    with its VJP (or ones returning the wrong shape); the functions are
+    built by the executor (_function)."""
     num_sc, batch, shard_rows = int(_pick(rng, (1, 2))), int(rng.integers(1, 4)), int(
         rng.integers(1, 4))
     valency, width = int(rng.integers(1, 4)), int(rng.integers(1, 4))
-    bufs = pack_csr(rng, num_sc, 1, batch, shard_rows, pos_ids=True, max_valency=valency)
-    inputs = dict(bufs, embedding_table=_f32(rng.normal(size=(num_sc * shard_rows, width))),
-                  weights=_f32(np.zeros([0])))
-    attrs = dict(input_size=num_sc * batch, max_valency=valency, num_weights=0,
-                 quantization_config_low=0.0, quantization_config_high=0.0,
-                 quantization_config_num_buckets=0, table_name="t",
+    size = num_sc * batch
+    bufs, valencies = pack_csr(rng, num_sc, 1, batch, shard_rows, pos_ids=True,
+                               max_valency=valency)
+    table = _f32(rng.normal(size=(num_sc * shard_rows, width)))
+    attrs = dict(max_valency=valency, num_weights=0, table_name="t",
                  num_sparsecores_per_device=num_sc)
-    fn = {"attr": "combiner_computation", "kind": "masked_sum",
-          "size": num_sc * batch, "valency": valency, "width": width}
+    spec = {"size": size, "valency": valency, "width": width}
+    grad = rng.random() < 0.5
+    if grad:
+        opt = str(_pick(rng, tuple(OPTIMIZERS)))
+        name = "XlaSparseDenseMatmulCustomCombinerOnTcGradWith%sAndCsrInput" % opt
+        inputs = dict(bufs, weights=_f32(np.zeros([0])), preserved_valencies=valencies,
+                      preserved_vectors=_f32(rng.normal(size=(size, valency, width))),
+                      preserved_weights=_f32(np.zeros([0])),
+                      activation_gradients=_f32(rng.normal(size=(size, width))),
+                      learning_rate=_f32(0.1), combiner_weights_learning_rate=_f32(0.1),
+                      embedding_table=table)
+        for slot in OPTIMIZERS[opt]:
+            inputs[slot] = _f32(rng.uniform(0.1, 1.0, table.shape))
+        attrs.update(HYPER.get(opt, {}), clip_weight_min=-1.0, clip_weight_max=1.0)
+        fns = [dict(spec, attr="combiner_table_vjp_computation", kind="table_vjp"),
+               dict(spec, attr="combiner_weights_vjp_computation", kind="weights_vjp")]
+    else:
+        name = "XlaSparseDenseMatmulCustomCombinerOnTcWithCsrInput"
+        inputs = dict(bufs, embedding_table=table, weights=_f32(np.zeros([0])))
+        attrs.update(input_size=size, quantization_config_low=0.0, quantization_config_high=0.0,
+                     quantization_config_num_buckets=0)
+        fns = [dict(spec, attr="combiner_computation", kind="masked_sum")]
     expect = "ok"
     if rng.random() < MUTATE:
-        kind = int(rng.integers(3))
+        kind = int(rng.integers(4))
         expect = "fail"
         if kind == 0:
             expect = _mutate_buffers(rng, inputs, batch, shard_rows)
         elif kind == 1 and any(p != PAD for p in bufs["sorted_pos_ids"]):
             inputs["sorted_pos_ids"] = _poke(rng, bufs["sorted_pos_ids"], (-1, valency))
             expect = "any"  # the poked entry may be padding
+        elif kind == 2 and grad:
+            inputs["preserved_valencies"] = _pick(rng, (
+                valencies[:-1], np.zeros_like(valencies), valencies.reshape(1, -1)))
+            expect = "any"  # zero valencies fail only where a sample has ids
         else:
-            fn["kind"] = "wrong_shape"
-    return _case(_name(rng, "XlaSparseDenseMatmulCustomCombinerOnTcWithCsrInput"), inputs,
-                 attrs, expect, functions=[fn])
+            fns[0]["kind"] = "wrong_shape"
+    return _case(_name(rng, name), inputs, attrs, expect, functions=fns)
 
 
 GENERATORS = (gen_coo, gen_sort, gen_csr, gen_minibatch, gen_matmul, gen_coo_matmul,
@@ -458,18 +485,39 @@ def generate(rng):
 # ------------------------------------------------------ the executor's side
 
 def _function(spec):
-    """A concrete function for a `func` attr of a case."""
+    """A concrete function for a `func` attr of a case (semantics §8.1's
+    argument lists, num_weights 0)."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-    size, valency, width = spec["size"], spec["valency"], spec["width"]
+    size, valency, width, kind = spec["size"], spec["valency"], spec["width"], spec["kind"]
+    val = tf.TensorSpec([size], tf.int32)
+    vec = tf.TensorSpec([size, valency, width], tf.float32)
+    act = tf.TensorSpec([size, width], tf.float32)
+
+    def mask(valencies):
+        return tf.cast(tf.range(valency)[None, :] < valencies[:, None], tf.float32)
 
     def masked_sum(valencies, vectors):
-        mask = tf.cast(tf.range(valency)[None, :] < valencies[:, None], tf.float32)
-        out = tf.einsum("bv,bvw->bw", mask, vectors)
-        return out if spec["kind"] == "masked_sum" else tf.concat([out, out], axis=1)
+        return tf.einsum("bv,bvw->bw", mask(valencies), vectors)
 
-    return tf.function(masked_sum, autograph=False).get_concrete_function(
-        tf.TensorSpec([size], tf.int32), tf.TensorSpec([size, valency, width], tf.float32))
+    def table_vjp(valencies, vectors, grads):
+        del vectors
+        return mask(valencies)[:, :, None] * grads[:, None, :]
+
+    def weights_vjp(valencies, vectors, grads):
+        del valencies, vectors, grads
+        return tf.zeros([0])
+
+    def wrong_shape(valencies, vectors, *grads):
+        del grads
+        return tf.concat([masked_sum(valencies, vectors)] * 2, axis=1)
+
+    body, specs = {"masked_sum": (masked_sum, (val, vec)),
+                   "table_vjp": (table_vjp, (val, vec, act)),
+                   "weights_vjp": (weights_vjp, (val, vec, act)),
+                   "wrong_shape": (wrong_shape, (val, vec) + (
+                       (act,) if spec["attr"] != "combiner_computation" else ()))}[kind]
+    return tf.function(body, autograph=False).get_concrete_function(*specs)
 
 
 def run(name, inputs, attrs, functions):
