@@ -194,9 +194,10 @@ class CustomCombinerLookupOp : public OpKernel {
       for (int64_t d = 0; d < width; ++d) out[d] = id.gain * row[d];
     }
     std::vector<Tensor> rets;
-    OP_REQUIRES_OK(ctx, combiner_.Prepare(ctx));
-    OP_REQUIRES_OK(ctx, combiner_.Run(CombinerArgs(*valencies, *vectors, weights, num_weights_),
-                                      {TensorShape({input_size_, width})}, &rets));
+    UserFunction::Call combiner;
+    OP_REQUIRES_OK(ctx, combiner_.Prepare(ctx, &combiner));
+    OP_REQUIRES_OK(ctx, combiner.Run(CombinerArgs(*valencies, *vectors, weights, num_weights_),
+                                     {TensorShape({input_size_, width})}, &rets));
     ctx->set_output(0, rets[0]);
   }
 
@@ -213,10 +214,17 @@ enum : int {
   kWeights = 5, kPreservedValencies, kPreservedVectors, kPreservedWeights, kActivationGradients
 };
 
-// The backward pass shared by the gradient ops (§8): the table VJP's
-// vector gradients summed per touched table row (rows in the order of their
-// first id), and the combiner weights after their SGD step (output
-// `weights_output`).
+// Per touched table row (in the order of its first id), its gradient.
+struct RowGradients {
+  std::vector<int64_t> rows;
+  std::vector<float> sums;  // rows.size() x width
+  const float* of(size_t t, int64_t width) const { return sums.data() + t * width; }
+};
+
+// The backward pass shared by the gradient ops (§8.1): the table VJP's
+// vector gradients summed per touched table row, and the combiner weights
+// after their SGD step (output `weights_output`).  Const after Init (a
+// kernel's Computes may run concurrently).
 class CombinerBackward {
  public:
   absl::Status Init(OpKernelConstruction* c, const std::string& op) {
@@ -231,7 +239,7 @@ class CombinerBackward {
   // `table`: the embedding table (the row layout); `weights_lr`: the
   // combiner_weights_learning_rate input.
   absl::Status Run(OpKernelContext* ctx, const Tensor& table, const Tensor& weights_lr,
-                   int weights_output) {
+                   int weights_output, RowGradients* out) const {
     const Tensor& grads = ctx->input(kActivationGradients);
     TF_RETURN_IF_ERROR(CheckRank(op_, "activation_gradients", grads, 2));
     TF_RETURN_IF_ERROR(CheckRank(op_, "embedding_table", table, 2));
@@ -267,47 +275,44 @@ class CombinerBackward {
                                             ctx->input(kPreservedWeights), num_weights_);
     args.push_back(grads);
     std::vector<Tensor> d_vectors, d_weights;
-    TF_RETURN_IF_ERROR(table_vjp_.Prepare(ctx));
-    TF_RETURN_IF_ERROR(table_vjp_.Run(args, {vectors.shape()}, &d_vectors));
+    UserFunction::Call table_vjp, weights_vjp;
+    TF_RETURN_IF_ERROR(table_vjp_.Prepare(ctx, &table_vjp));
+    TF_RETURN_IF_ERROR(table_vjp.Run(args, {vectors.shape()}, &d_vectors));
     Tensor* new_weights;
     TF_RETURN_IF_ERROR(
         ctx->allocate_output(weights_output, TensorShape({num_weights_}), &new_weights));
     if (num_weights_ > 0) {
-      TF_RETURN_IF_ERROR(weights_vjp_.Prepare(ctx));
-      TF_RETURN_IF_ERROR(weights_vjp_.Run(args, {TensorShape({num_weights_})}, &d_weights));
+      TF_RETURN_IF_ERROR(weights_vjp_.Prepare(ctx, &weights_vjp));
+      TF_RETURN_IF_ERROR(weights_vjp.Run(args, {TensorShape({num_weights_})}, &d_weights));
       const auto w = ctx->input(kWeights).vec<float>();
       const auto dw = d_weights[0].vec<float>();
-      auto out = new_weights->vec<float>();
-      for (int64_t k = 0; k < num_weights_; ++k) out(k) = w(k) - lr_w * dw(k);
+      auto updated = new_weights->vec<float>();
+      for (int64_t k = 0; k < num_weights_; ++k) updated(k) = w(k) - lr_w * dw(k);
     }
     // Per touched row, the sum of gain * d_vectors[sample, pos] (buffer order).
     std::vector<int64_t> slot_of(table.dim_size(0), -1);
-    touched_.clear();
-    sums_.clear();
+    out->rows.clear();
+    out->sums.clear();
     const float* dv = d_vectors[0].flat<float>().data();
     for (const PosId& id : ids) {
       int64_t& slot = slot_of[id.row];
       if (slot < 0) {
-        slot = static_cast<int64_t>(touched_.size());
-        touched_.push_back(id.row);
-        sums_.resize(sums_.size() + width, 0.0f);
+        slot = static_cast<int64_t>(out->rows.size());
+        out->rows.push_back(id.row);
+        out->sums.resize(out->sums.size() + width, 0.0f);
       }
-      float* sum = sums_.data() + slot * width;
+      float* sum = out->sums.data() + slot * width;
       const float* g = dv + (id.sample * max_valency_ + id.pos) * width;
       for (int64_t d = 0; d < width; ++d) sum[d] += id.gain * g[d];
     }
     return absl::OkStatus();
   }
 
-  const std::vector<int64_t>& touched() const { return touched_; }
-  const float* row_gradient(size_t t, int64_t width) const { return sums_.data() + t * width; }
 
  private:
   std::string op_;
   int64_t max_valency_ = 0, num_weights_ = 0, num_sc_ = 1;
   UserFunction table_vjp_, weights_vjp_;
-  std::vector<int64_t> touched_;
-  std::vector<float> sums_;
 };
 
 // XlaSparseDenseMatmulCustomCombinerOnTcGradWith<Opt>AndCsrInput: inputs
@@ -331,7 +336,8 @@ class CustomCombinerGradOp : public OpKernel {
     }
     float lr = 0;
     OP_REQUIRES_OK(ctx, sc_util::ScalarValue(op_, "learning_rate", ctx->input(10), &lr));
-    OP_REQUIRES_OK(ctx, backward_.Run(ctx, table, ctx->input(11), 1 + kSlots));
+    RowGradients grads;
+    OP_REQUIRES_OK(ctx, backward_.Run(ctx, table, ctx->input(11), 1 + kSlots, &grads));
     const int64_t width = table.dim_size(1);
     float* w;
     float* s[kMaxSlots] = {};
@@ -339,13 +345,12 @@ class CustomCombinerGradOp : public OpKernel {
     for (int k = 0; k < kSlots; ++k) {
       OP_REQUIRES_OK(ctx, sc_util::CopyToOutput(ctx, 1 + k, ctx->input(13 + k), &s[k]));
     }
-    const std::vector<int64_t>& touched = backward_.touched();
-    for (size_t t = 0; t < touched.size(); ++t) {
-      const int64_t off = touched[t] * width;
+    for (size_t t = 0; t < grads.rows.size(); ++t) {
+      const int64_t off = grads.rows[t] * width;
       RowArgs a{};
       a.w = w + off;
       for (int k = 0; k < kSlots; ++k) a.s[k] = s[k] + off;
-      a.g = backward_.row_gradient(t, width);
+      a.g = grads.of(t, width);
       a.dim = static_cast<int>(width);
       a.lr = lr;
       optimizer_.Update(a);
@@ -391,16 +396,18 @@ class CustomCombinerGradCustomOp : public OpKernel {
       OP_REQUIRES_OK(ctx, sc_util::ScalarValue(op_, absl::StrCat("hyperparameters[", j, "]"),
                                                hypers[j], &hyper[j]));
     }
-    OP_REQUIRES_OK(ctx, backward_.Run(ctx, table, ctx->input(ctx->num_inputs() - 1), n));
+    RowGradients grads;
+    OP_REQUIRES_OK(ctx,
+                   backward_.Run(ctx, table, ctx->input(ctx->num_inputs() - 1), n, &grads));
     std::vector<float*> out(n);
     std::vector<int64_t> cols(n);
     for (int i = 0; i < n; ++i) {
       OP_REQUIRES_OK(ctx, sc_util::CopyToOutput(ctx, i, tables[i], &out[i]));
       cols[i] = tables[i].dims() == 2 ? tables[i].dim_size(1) : 0;
     }
-    const std::vector<int64_t>& touched = backward_.touched();
-    if (touched.empty()) return;
-    OP_REQUIRES_OK(ctx, optimizer_.Prepare(ctx));
+    if (grads.rows.empty()) return;
+    UserFunction::Call optimizer;
+    OP_REQUIRES_OK(ctx, optimizer_.Prepare(ctx, &optimizer));
     std::vector<Tensor> args;
     std::vector<TensorShape> want;
     args.emplace_back(::tensorflow::DT_FLOAT, TensorShape({1, width}));
@@ -413,14 +420,14 @@ class CustomCombinerGradCustomOp : public OpKernel {
       std::fill_n(args.back().flat<float>().data(), width, h);
     }
     std::vector<Tensor> rets;
-    for (size_t t = 0; t < touched.size(); ++t) {
-      const int64_t row = touched[t];
-      std::copy_n(backward_.row_gradient(t, width), width, args[0].flat<float>().data());
+    for (size_t t = 0; t < grads.rows.size(); ++t) {
+      const int64_t row = grads.rows[t];
+      std::copy_n(grads.of(t, width), width, args[0].flat<float>().data());
       for (int i = 0; i < n; ++i) {
         const int64_t k = cols[i] ? cols[i] : 1;
         std::copy_n(out[i] + row * k, k, args[1 + i].flat<float>().data());
       }
-      OP_REQUIRES_OK(ctx, optimizer_.Run(args, want, &rets));
+      OP_REQUIRES_OK(ctx, optimizer.Run(args, want, &rets));
       for (int i = 0; i < n; ++i) {
         const int64_t k = cols[i] ? cols[i] : 1;
         std::copy_n(rets[i].flat<float>().data(), k, out[i] + row * k);

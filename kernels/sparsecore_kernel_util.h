@@ -170,7 +170,8 @@ inline absl::Status ReadGradAttrs(OpKernelConstruction* c, const std::string& op
 // runtime (as XlaSparseDenseMatmulGradWithCsrInput's kernel calls its
 // custom_computation).  Every output is checked against the expected shapes:
 // a wrong count, dtype or shape is InvalidArgument naming the op, the attr
-// and the output's index.
+// and the output's index.  Const after Init: a kernel's Computes may run
+// concurrently, so each one Prepares its own Call.
 class UserFunction {
  public:
   absl::Status Init(OpKernelConstruction* c, const std::string& op, const char* attr) {
@@ -182,38 +183,50 @@ class UserFunction {
     return absl::OkStatus();
   }
 
-  // Instantiates the function for this Compute (the runtime caches it).
-  absl::Status Prepare(OpKernelContext* ctx) {
-    flr_ = ctx->function_library();
-    if (flr_ == nullptr) {
+  // The function instantiated for one Compute (the runtime caches it).
+  class Call {
+   public:
+    // Runs it on `args`; its outputs must be float32 of the `want` shapes.
+    absl::Status Run(const std::vector<Tensor>& args, const std::vector<TensorShape>& want,
+                     std::vector<Tensor>* rets) {
+      rets->clear();
+      TF_RETURN_IF_ERROR(flr_->RunSync(opts_, handle_, args, rets));
+      const std::string& op = fn_->op_;
+      if (rets->size() != want.size()) {
+        return Invalid(op, absl::StrCat(fn_->attr_, " returned ", rets->size(), " tensors, ",
+                                        want.size(), " expected"));
+      }
+      for (size_t i = 0; i < want.size(); ++i) {
+        const Tensor& r = (*rets)[i];
+        if (r.dtype() != ::tensorflow::DT_FLOAT || r.shape() != want[i]) {
+          return Invalid(op, absl::StrCat(fn_->attr_, "'s output ", i, " is ",
+                                          ::tensorflow::DataTypeString(r.dtype()), " ",
+                                          r.shape().DebugString(), "; float ",
+                                          want[i].DebugString(), " expected"));
+        }
+      }
+      return absl::OkStatus();
+    }
+
+   private:
+    friend class UserFunction;
+    const UserFunction* fn_ = nullptr;
+    ::tensorflow::FunctionLibraryRuntime* flr_ = nullptr;
+    ::tensorflow::FunctionLibraryRuntime::Handle handle_{};
+    ::tensorflow::FunctionLibraryRuntime::Options opts_;
+  };
+
+  absl::Status Prepare(OpKernelContext* ctx, Call* call) const {
+    call->fn_ = this;
+    call->flr_ = ctx->function_library();
+    if (call->flr_ == nullptr) {
       return absl::InternalError(absl::StrCat(op_, ": no function library runtime"));
     }
-    TF_RETURN_IF_ERROR(flr_->Instantiate(func_.name(), ::tensorflow::AttrSlice(&func_.attr()),
-                                         &handle_));
-    opts_.runner = ctx->runner();
-    opts_.cancellation_manager = ctx->cancellation_manager();
-    opts_.rendezvous = ctx->rendezvous();
-    return absl::OkStatus();
-  }
-
-  // Runs it on `args`; its outputs must be float32 of the `want` shapes.
-  absl::Status Run(const std::vector<Tensor>& args, const std::vector<TensorShape>& want,
-                   std::vector<Tensor>* rets) {
-    rets->clear();
-    TF_RETURN_IF_ERROR(flr_->RunSync(opts_, handle_, args, rets));
-    if (rets->size() != want.size()) {
-      return Invalid(op_, absl::StrCat(attr_, " returned ", rets->size(), " tensors, ",
-                                       want.size(), " expected"));
-    }
-    for (size_t i = 0; i < want.size(); ++i) {
-      const Tensor& r = (*rets)[i];
-      if (r.dtype() != ::tensorflow::DT_FLOAT || r.shape() != want[i]) {
-        return Invalid(op_, absl::StrCat(attr_, "'s output ", i, " is ",
-                                         ::tensorflow::DataTypeString(r.dtype()), " ",
-                                         r.shape().DebugString(), "; float ",
-                                         want[i].DebugString(), " expected"));
-      }
-    }
+    TF_RETURN_IF_ERROR(call->flr_->Instantiate(
+        func_.name(), ::tensorflow::AttrSlice(&func_.attr()), &call->handle_));
+    call->opts_.runner = ctx->runner();
+    call->opts_.cancellation_manager = ctx->cancellation_manager();
+    call->opts_.rendezvous = ctx->rendezvous();
     return absl::OkStatus();
   }
 
@@ -221,9 +234,6 @@ class UserFunction {
   std::string op_;
   const char* attr_ = "";
   ::tensorflow::NameAttrList func_;
-  ::tensorflow::FunctionLibraryRuntime* flr_ = nullptr;
-  ::tensorflow::FunctionLibraryRuntime::Handle handle_{};
-  ::tensorflow::FunctionLibraryRuntime::Options opts_;
 };
 
 }  // namespace sc_util
