@@ -41,7 +41,8 @@ inline constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 
 inline absl::Status RankOne(const std::string& op, const char* name, const Tensor& t) {
   if (t.dims() != 1) {
-    return Invalid(op, absl::StrCat(name, " must be a vector, got shape ", t.shape().DebugString()));
+    return Invalid(op,
+                   absl::StrCat(name, " must be a vector, got shape ", t.shape().DebugString()));
   }
   return absl::OkStatus();
 }

@@ -523,9 +523,10 @@ def _function(spec):
 def run(name, inputs, attrs, functions):
     """Runs the op once in a graph, the inputs' shapes hidden; an op-def
     error at construction is raised as InvalidArgumentError."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    from tensorflow.core.framework import attr_value_pb2  # pylint: disable=import-outside-toplevel
-    from tensorflow.python.framework import op_def_library  # pylint: disable=import-outside-toplevel
+    # pylint: disable=import-outside-toplevel,protected-access
+    import tensorflow as tf
+    from tensorflow.core.framework import attr_value_pb2
+    from tensorflow.python.framework import op_def_library
 
     fns = [(spec["attr"], _function(spec)) for spec in functions]
 
@@ -542,7 +543,7 @@ def run(name, inputs, attrs, functions):
             fn.add_to_graph()
             args[attr] = attr_value_pb2.NameAttrList(name=fn.name)
         try:
-            _, _, op, _ = op_def_library._apply_op_helper(name, **args)  # pylint: disable=protected-access
+            _, _, op, _ = op_def_library._apply_op_helper(name, **args)
         except (ValueError, TypeError) as e:
             raise tf.errors.InvalidArgumentError(None, None, "op construction: %s" % e)
         return list(op.outputs)
