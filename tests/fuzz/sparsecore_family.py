@@ -325,14 +325,18 @@ def gen_matmul(rng):
     common = dict(bufs, embedding_table=table,
                   num_minibatches_per_physical_sparse_core=np.int32(m))
     attrs = dict(table_name="t", num_sparsecores_per_device=num_sc)
+    static = rng.random() < 0.3  # the ...StaticBufferSize twins: the same kernels
+    if static:
+        attrs.update(max_ids_per_sparse_core=64, max_unique_ids_per_sparse_core=64)
+    form = "StaticBufferSize" if static else "CsrInput"
     if kind == "lookup":
-        name = "XlaSparseDenseMatmulWithCsrInput"
+        name = "XlaSparseDenseMatmulWith" + form
         attrs.update(input_size=num_sc * batch, quantization_config_low=0.0,
                      quantization_config_high=0.0, quantization_config_num_buckets=0)
         inputs = common
     else:
         opt = str(_pick(rng, tuple(OPTIMIZERS)))
-        name = "XlaSparseDenseMatmulGradWith%sAndCsrInput" % opt
+        name = "XlaSparseDenseMatmulGradWith%sAnd%s" % (opt, form)
         inputs = dict(common, activation_gradients=_f32(rng.normal(size=(num_sc * batch, width))),
                       learning_rate=_f32(0.1))
         for slot in OPTIMIZERS[opt]:
