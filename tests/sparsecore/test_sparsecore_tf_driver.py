@@ -20,7 +20,7 @@ import tensorflow as tf
 
 import sparsecore_reference as ref
 
-pytestmark = [pytest.mark.usefixtures("lib"), pytest.mark.tf_version]
+pytestmark = [pytest.mark.usefixtures("lib")]
 
 
 def _tf_preprocess(**kwargs):
