@@ -1,5 +1,5 @@
-// Op definitions of TF's SparseCore op family (TPUEmbeddingV2's preprocessing,
-// lookup, gradient and optimizer ops) under the "TfTpuEmb>" namespace, with
+// Op definitions of TF's SparseCore op family (TPUEmbeddingV2's preprocessing
+// and lookup ops) under the "TfTpuEmb>" namespace, with
 // TF 2.21's inputs, outputs, attrs, defaults, constraints and statefulness
 // (tests/sparsecore/test_sparsecore_op_defs.py compares them with TF's
 // registry, and the inferred shapes with TF's own shape functions).  The
@@ -8,11 +8,13 @@
 // None of these ops addresses an engine: each is a function of its inputs
 // (tables and slots come in as tensors and go out updated), so none carries
 // the `engine` attr of tpu_embedding_ops.cc.  The CPU kernels (kernels/
-// sparsecore_*_kernels.cc) are registered under both names.
+// sparsecore_*.cc) are registered under both names.
 //
 // TF's shape functions (tensorflow/core/tpu/ops/sparse_core_ops.cc,
 // sparse_core_preprocess_ops.cc, tpu_copy_with_dynamic_shape_op.cc) were the
-// reference; these are our own, in the few families below.
+// reference; these are our own, in the few families below.  The families
+// that repeat per optimizer (gradient + optimizer, custom-combiner gradient,
+// standalone optimizer) come from one table in ops/sparsecore_optimizer_ops.cc.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -105,17 +107,28 @@ absl::Status CsrBuffersShapeFn(InferenceContext* c) {
   return absl::OkStatus();
 }
 
-// XlaSparseDenseMatmul: three id vectors of one length, a scalar offsets, a
-// matrix table; activations [input_size, feature_width].
-absl::Status CooMatmulShapeFn(InferenceContext* c) {
+// The lookups' common part: inputs [0, ids_end) vectors, those from
+// `ids_begin` of one length (the ids and gains), a matrix table at
+// `table`; the activations [input_size, feature_width].
+absl::Status LookupShape(InferenceContext* c, int ids_begin, int ids_end, int table,
+                         ShapeHandle* activations) {
   int input_size;
   TF_RETURN_IF_ERROR(c->GetAttr("input_size", &input_size));
-  ShapeHandle unused, merged, activations;
-  TF_RETURN_IF_ERROR(RankOneInputs(c, 0, 3));
+  ShapeHandle unused, merged;
+  TF_RETURN_IF_ERROR(RankOneInputs(c, 0, ids_end));
+  for (int i = ids_begin + 1; i < ids_end; ++i) {
+    TF_RETURN_IF_ERROR(c->Merge(c->input(i), c->input(ids_begin), &merged));
+  }
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(table), 2, &unused));
+  return c->ReplaceDim(c->input(table), 0, c->MakeDim(input_size), activations);
+}
+
+// XlaSparseDenseMatmul: three id vectors of one length, a scalar offsets, a
+// matrix table; activations and four vectors (the CSR form).
+absl::Status CooMatmulShapeFn(InferenceContext* c) {
+  ShapeHandle unused, activations;
+  TF_RETURN_IF_ERROR(LookupShape(c, 0, 3, 4, &activations));
   TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 0, &unused));
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(4), 2, &unused));
-  for (int i = 1; i < 3; ++i) TF_RETURN_IF_ERROR(c->Merge(c->input(i), c->input(0), &merged));
-  TF_RETURN_IF_ERROR(c->ReplaceDim(c->input(4), 0, c->MakeDim(input_size), &activations));
   c->set_output(0, activations);
   for (int i = 1; i < 5; ++i) c->set_output(i, c->UnknownShapeOfRank(1));
   return absl::OkStatus();
@@ -124,13 +137,8 @@ absl::Status CooMatmulShapeFn(InferenceContext* c) {
 // The CSR lookups: four vectors (the ids, gains of one length), a matrix
 // table, a scalar minibatch count; activations [input_size, feature_width].
 absl::Status CsrMatmulShapeFn(InferenceContext* c) {
-  int input_size;
-  TF_RETURN_IF_ERROR(c->GetAttr("input_size", &input_size));
-  ShapeHandle unused, merged, activations;
-  TF_RETURN_IF_ERROR(RankOneInputs(c, 0, 4));
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(4), 2, &unused));
-  for (int i = 2; i < 4; ++i) TF_RETURN_IF_ERROR(c->Merge(c->input(i), c->input(1), &merged));
-  TF_RETURN_IF_ERROR(c->ReplaceDim(c->input(4), 0, c->MakeDim(input_size), &activations));
+  ShapeHandle unused, activations;
+  TF_RETURN_IF_ERROR(LookupShape(c, 1, 4, 4, &activations));
   TF_RETURN_IF_ERROR(c->WithRank(c->input(5), 0, &unused));
   c->set_output(0, activations);
   return absl::OkStatus();
@@ -144,68 +152,17 @@ absl::Status CustomCombinerMatmulShapeFn(InferenceContext* c) {
   TF_RETURN_IF_ERROR(c->GetAttr("input_size", &input_size));
   TF_RETURN_IF_ERROR(c->GetAttr("max_valency", &max_valency));
   TF_RETURN_IF_ERROR(c->GetAttr("num_weights", &num_weights));
-  ShapeHandle unused, merged, activations;
-  TF_RETURN_IF_ERROR(RankOneInputs(c, 0, 5));
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(5), 2, &unused));
-  for (int i = 2; i < 5; ++i) TF_RETURN_IF_ERROR(c->Merge(c->input(i), c->input(1), &merged));
+  ShapeHandle unused, activations;
+  TF_RETURN_IF_ERROR(LookupShape(c, 1, 5, 5, &activations));
   if (num_weights > 0) {
     TF_RETURN_IF_ERROR(c->WithRank(c->input(6), 1, &unused));
     DimensionHandle dim;
     TF_RETURN_IF_ERROR(c->WithValue(c->Dim(c->input(6), 0), num_weights, &dim));
   }
-  TF_RETURN_IF_ERROR(c->ReplaceDim(c->input(5), 0, c->MakeDim(input_size), &activations));
   c->set_output(0, activations);
   c->set_output(1, c->MakeShape({input_size}));
   c->set_output(2, c->MakeShape({c->MakeDim(input_size), c->MakeDim(max_valency),
                                  c->Dim(c->input(5), 1)}));
-  return absl::OkStatus();
-}
-
-// The custom-combiner gradients: weights and preserved weights [num_weights]
-// (when num_weights > 0), preserved valencies [batch] and vectors [batch,
-// max_valency, feature_width] with batch from the activation gradients;
-// every updated table (embedding and slots) as the first table, then the
-// updated weights [num_weights].  `num_tables` 0: the attr N.
-template <int kTablesIndex, int kNumTables>
-absl::Status CustomCombinerGradShapeFn(InferenceContext* c) {
-  int num_tables = kNumTables;
-  if (num_tables == 0) TF_RETURN_IF_ERROR(c->GetAttr("N", &num_tables));
-  int num_weights, max_valency;
-  TF_RETURN_IF_ERROR(c->GetAttr("num_weights", &num_weights));
-  TF_RETURN_IF_ERROR(c->GetAttr("max_valency", &max_valency));
-  // TF's function reads dimension 0 of the activation gradients and 1 of
-  // the first table unchecked (a scalar there crashes it); ours asks for them.
-  ShapeHandle merged, unused;
-  TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(9), 1, &unused));
-  TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(kTablesIndex), 2, &unused));
-  if (num_weights > 0) {
-    TF_RETURN_IF_ERROR(c->Merge(c->input(5), c->MakeShape({num_weights}), &merged));
-    TF_RETURN_IF_ERROR(c->Merge(c->input(8), c->MakeShape({num_weights}), &merged));
-  }
-  const DimensionHandle batch = c->Dim(c->input(9), 0);
-  TF_RETURN_IF_ERROR(c->Merge(c->input(6), c->MakeShape({batch}), &merged));
-  TF_RETURN_IF_ERROR(c->Merge(
-      c->input(7),
-      c->MakeShape({batch, c->MakeDim(max_valency), c->Dim(c->input(kTablesIndex), 1)}),
-      &merged));
-  for (int i = 0; i < num_tables; ++i) c->set_output(i, c->input(kTablesIndex));
-  c->set_output(num_tables, c->MakeShape({num_weights}));
-  return absl::OkStatus();
-}
-
-// Output k has the shape of input kInputs[k] (updated tables and slots).
-template <int... kInputs>
-absl::Status UpdatedTablesShapeFn(InferenceContext* c) {
-  int out = 0;
-  for (int in : {kInputs...}) c->set_output(out++, c->input(in));
-  return absl::OkStatus();
-}
-
-// XlaSparseDenseMatmulGradWithCsrInput: the N updated tables as tables[0].
-absl::Status GradWithCsrInputShapeFn(InferenceContext* c) {
-  int n;
-  TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
-  for (int i = 0; i < n; ++i) c->set_output(i, c->input(5));
   return absl::OkStatus();
 }
 
@@ -391,84 +348,6 @@ TTE_OP("TPUCopyWithDynamicShape")
     .SetIsStateful()
     .SetShapeFn(DynamicShapeCopyShapeFn);
 
-TTE_OP("XlaSparseCoreAdagrad")
-    .Input("indices: int32")
-    .Input("gradient: float32")
-    .Input("learning_rate: float32")
-    .Input("accumulator: float32")
-    .Input("embedding_table: float32")
-    .Output("updated_embedding_table: float32")
-    .Output("updated_accumulator: float32")
-    .Attr("feature_width: int")
-    .SetIsStateful()
-    .SetShapeFn(UpdatedTablesShapeFn<4, 3>);
-
-TTE_OP("XlaSparseCoreAdagradMomentum")
-    .Input("indices: int32")
-    .Input("gradient: float32")
-    .Input("learning_rate: float32")
-    .Input("beta_1: float32")
-    .Input("epsilon: float32")
-    .Input("accumulator: float32")
-    .Input("momentum: float32")
-    .Input("embedding_table: float32")
-    .Output("updated_embedding_table: float32")
-    .Output("updated_accumulator: float32")
-    .Output("updated_momentum: float32")
-    .Attr("feature_width: int")
-    .Attr("use_nesterov: bool")
-    .Attr("beta_2: float")
-    .Attr("exponent: float")
-    .SetIsStateful()
-    .SetShapeFn(UpdatedTablesShapeFn<7, 5, 6>);
-
-TTE_OP("XlaSparseCoreAdam")
-    .Input("embedding_table: float32")
-    .Input("indices: int32")
-    .Input("gradient: float32")
-    .Input("learning_rate: float32")
-    .Input("momentum: float32")
-    .Input("velocity: float32")
-    .Input("beta_1: float32")
-    .Input("beta_2: float32")
-    .Input("epsilon: float32")
-    .Output("updated_embedding_table: float32")
-    .Output("updated_velocity: float32")
-    .Output("updated_momentum: float32")
-    .Attr("feature_width: int")
-    .Attr("use_sum_inside_sqrt: bool")
-    .SetIsStateful()
-    .SetShapeFn(UpdatedTablesShapeFn<0, 5, 4>);
-
-TTE_OP("XlaSparseCoreFtrl")
-    .Input("embedding_table: float32")
-    .Input("accumulator: float32")
-    .Input("linear: float32")
-    .Input("learning_rate: float32")
-    .Input("indices: int32")
-    .Input("gradient: float32")
-    .Input("beta: float32")
-    .Input("learning_rate_power: float32")
-    .Input("l2_regularization_strength: float32")
-    .Output("updated_embedding_table: float32")
-    .Output("updated_accumulator: float32")
-    .Output("updated_linear: float32")
-    .Attr("feature_width: int")
-    .Attr("multiply_linear_by_learning_rate: bool")
-    .Attr("l1_regularization_strength: float")
-    .SetIsStateful()
-    .SetShapeFn(UpdatedTablesShapeFn<0, 1, 2>);
-
-TTE_OP("XlaSparseCoreSgd")
-    .Input("indices: int32")
-    .Input("gradient: float32")
-    .Input("learning_rate: float32")
-    .Input("embedding_table: float32")
-    .Output("updated_embedding_table: float32")
-    .Attr("feature_width: int")
-    .SetIsStateful()
-    .SetShapeFn(UpdatedTablesShapeFn<3>);
-
 TTE_OP("XlaSparseDenseMatmul")
     .Input("row_ids: int32")
     .Input("col_ids: uint32")
@@ -484,191 +363,6 @@ TTE_OP("XlaSparseDenseMatmul")
     .Attr("max_unique_ids_per_partition: int >= 0")
     .Attr("input_size: int >= 0")
     .SetShapeFn(CooMatmulShapeFn);
-
-TTE_OP("XlaSparseDenseMatmulCustomCombinerOnTcGradWithAdagradAndCsrInput")
-    .Input("row_pointers: int32")
-    .Input("sorted_sample_ids: int32")
-    .Input("sorted_token_ids: int32")
-    .Input("sorted_pos_ids: int32")
-    .Input("sorted_gains: float32")
-    .Input("weights: float32")
-    .Input("preserved_valencies: int32")
-    .Input("preserved_vectors: float32")
-    .Input("preserved_weights: float32")
-    .Input("activation_gradients: float32")
-    .Input("learning_rate: float32")
-    .Input("combiner_weights_learning_rate: float32")
-    .Input("embedding_table: float32")
-    .Input("accumulator: float32")
-    .Output("updated_embedding_table: float32")
-    .Output("updated_accumulator: float32")
-    .Output("updated_weights: float32")
-    .Attr("clip_weight_min: float = -inf")
-    .Attr("clip_weight_max: float = inf")
-    .Attr("max_valency: int >= 0")
-    .Attr("num_weights: int >= 0")
-    .Attr("combiner_table_vjp_computation: func")
-    .Attr("combiner_weights_vjp_computation: func")
-    .Attr("table_name: string")
-    .Attr("num_sparsecores_per_device: int = -1")
-    .SetShapeFn(CustomCombinerGradShapeFn<12, 2>);
-
-TTE_OP("XlaSparseDenseMatmulCustomCombinerOnTcGradWithAdagradMomentumAndCsrInput")
-    .Input("row_pointers: int32")
-    .Input("sorted_sample_ids: int32")
-    .Input("sorted_token_ids: int32")
-    .Input("sorted_pos_ids: int32")
-    .Input("sorted_gains: float32")
-    .Input("weights: float32")
-    .Input("preserved_valencies: int32")
-    .Input("preserved_vectors: float32")
-    .Input("preserved_weights: float32")
-    .Input("activation_gradients: float32")
-    .Input("learning_rate: float32")
-    .Input("combiner_weights_learning_rate: float32")
-    .Input("embedding_table: float32")
-    .Input("accumulator: float32")
-    .Input("momenta: float32")
-    .Output("updated_embedding_table: float32")
-    .Output("updated_accumulator: float32")
-    .Output("updated_momenta: float32")
-    .Output("updated_weights: float32")
-    .Attr("use_nesterov: bool")
-    .Attr("exponent: float")
-    .Attr("beta1: float")
-    .Attr("beta2: float")
-    .Attr("epsilon: float")
-    .Attr("clip_weight_min: float = -inf")
-    .Attr("clip_weight_max: float = inf")
-    .Attr("max_valency: int >= 0")
-    .Attr("num_weights: int >= 0")
-    .Attr("combiner_table_vjp_computation: func")
-    .Attr("combiner_weights_vjp_computation: func")
-    .Attr("table_name: string")
-    .Attr("num_sparsecores_per_device: int = -1")
-    .SetShapeFn(CustomCombinerGradShapeFn<12, 3>);
-
-TTE_OP("XlaSparseDenseMatmulCustomCombinerOnTcGradWithAdamAndCsrInput")
-    .Input("row_pointers: int32")
-    .Input("sorted_sample_ids: int32")
-    .Input("sorted_token_ids: int32")
-    .Input("sorted_pos_ids: int32")
-    .Input("sorted_gains: float32")
-    .Input("weights: float32")
-    .Input("preserved_valencies: int32")
-    .Input("preserved_vectors: float32")
-    .Input("preserved_weights: float32")
-    .Input("activation_gradients: float32")
-    .Input("learning_rate: float32")
-    .Input("combiner_weights_learning_rate: float32")
-    .Input("embedding_table: float32")
-    .Input("momenta: float32")
-    .Input("velocity: float32")
-    .Output("updated_embedding_table: float32")
-    .Output("updated_momenta: float32")
-    .Output("updated_velocity: float32")
-    .Output("updated_weights: float32")
-    .Attr("use_sum_inside_sqrt: bool")
-    .Attr("beta1: float")
-    .Attr("beta2: float")
-    .Attr("epsilon: float")
-    .Attr("clip_weight_min: float = -inf")
-    .Attr("clip_weight_max: float = inf")
-    .Attr("max_valency: int >= 0")
-    .Attr("num_weights: int >= 0")
-    .Attr("combiner_table_vjp_computation: func")
-    .Attr("combiner_weights_vjp_computation: func")
-    .Attr("table_name: string")
-    .Attr("num_sparsecores_per_device: int = -1")
-    .SetShapeFn(CustomCombinerGradShapeFn<12, 3>);
-
-TTE_OP("XlaSparseDenseMatmulCustomCombinerOnTcGradWithCsrInput")
-    .Input("row_pointers: int32")
-    .Input("sorted_sample_ids: int32")
-    .Input("sorted_token_ids: int32")
-    .Input("sorted_pos_ids: int32")
-    .Input("sorted_gains: float32")
-    .Input("weights: float32")
-    .Input("preserved_valencies: int32")
-    .Input("preserved_vectors: float32")
-    .Input("preserved_weights: float32")
-    .Input("activation_gradients: float32")
-    .Input("tables: N * float32")
-    .Input("hyperparameters: M * float32")
-    .Input("combiner_weights_learning_rate: float32")
-    .Output("updated_tables: N * float32")
-    .Output("updated_weights: float32")
-    .Attr("N: int >= 1")
-    .Attr("M: int >= 1")
-    .Attr("max_valency: int >= 0")
-    .Attr("num_weights: int >= 0")
-    .Attr("combiner_table_vjp_computation: func")
-    .Attr("combiner_weights_vjp_computation: func")
-    .Attr("optimizer_custom_computation: func")
-    .Attr("table_name: string")
-    .Attr("num_sparsecores_per_device: int = -1")
-    .SetShapeFn(CustomCombinerGradShapeFn<10, 0>);
-
-TTE_OP("XlaSparseDenseMatmulCustomCombinerOnTcGradWithFtrlAndCsrInput")
-    .Input("row_pointers: int32")
-    .Input("sorted_sample_ids: int32")
-    .Input("sorted_token_ids: int32")
-    .Input("sorted_pos_ids: int32")
-    .Input("sorted_gains: float32")
-    .Input("weights: float32")
-    .Input("preserved_valencies: int32")
-    .Input("preserved_vectors: float32")
-    .Input("preserved_weights: float32")
-    .Input("activation_gradients: float32")
-    .Input("learning_rate: float32")
-    .Input("combiner_weights_learning_rate: float32")
-    .Input("embedding_table: float32")
-    .Input("accumulator: float32")
-    .Input("linear: float32")
-    .Output("updated_embedding_table: float32")
-    .Output("updated_accumulator: float32")
-    .Output("updated_linear: float32")
-    .Output("updated_weights: float32")
-    .Attr("multiply_linear_by_learning_rate: bool")
-    .Attr("beta: float")
-    .Attr("learning_rate_power: float")
-    .Attr("l1_regularization_strength: float")
-    .Attr("l2_regularization_strength: float")
-    .Attr("clip_weight_min: float = -inf")
-    .Attr("clip_weight_max: float = inf")
-    .Attr("max_valency: int >= 0")
-    .Attr("num_weights: int >= 0")
-    .Attr("combiner_table_vjp_computation: func")
-    .Attr("combiner_weights_vjp_computation: func")
-    .Attr("table_name: string")
-    .Attr("num_sparsecores_per_device: int = -1")
-    .SetShapeFn(CustomCombinerGradShapeFn<12, 3>);
-
-TTE_OP("XlaSparseDenseMatmulCustomCombinerOnTcGradWithSgdAndCsrInput")
-    .Input("row_pointers: int32")
-    .Input("sorted_sample_ids: int32")
-    .Input("sorted_token_ids: int32")
-    .Input("sorted_pos_ids: int32")
-    .Input("sorted_gains: float32")
-    .Input("weights: float32")
-    .Input("preserved_valencies: int32")
-    .Input("preserved_vectors: float32")
-    .Input("preserved_weights: float32")
-    .Input("activation_gradients: float32")
-    .Input("learning_rate: float32")
-    .Input("combiner_weights_learning_rate: float32")
-    .Input("embedding_table: float32")
-    .Output("updated_embedding_table: float32")
-    .Output("updated_weights: float32")
-    .Attr("clip_weight_min: float = -inf")
-    .Attr("clip_weight_max: float = inf")
-    .Attr("max_valency: int >= 0")
-    .Attr("num_weights: int >= 0")
-    .Attr("combiner_table_vjp_computation: func")
-    .Attr("combiner_weights_vjp_computation: func")
-    .Attr("table_name: string")
-    .Attr("num_sparsecores_per_device: int = -1")
-    .SetShapeFn(CustomCombinerGradShapeFn<12, 1>);
 
 TTE_OP("XlaSparseDenseMatmulCustomCombinerOnTcWithCsrInput")
     .Input("row_pointers: int32")
@@ -691,250 +385,6 @@ TTE_OP("XlaSparseDenseMatmulCustomCombinerOnTcWithCsrInput")
     .Attr("table_name: string")
     .Attr("num_sparsecores_per_device: int = -1")
     .SetShapeFn(CustomCombinerMatmulShapeFn);
-
-TTE_OP("XlaSparseDenseMatmulGradWithAdagradAndCsrInput")
-    .Input("row_pointers: int32")
-    .Input("sorted_sample_ids: int32")
-    .Input("sorted_token_ids: int32")
-    .Input("sorted_gains: float32")
-    .Input("activation_gradients: float32")
-    .Input("learning_rate: float32")
-    .Input("embedding_table: float32")
-    .Input("accumulator: float32")
-    .Input("num_minibatches_per_physical_sparse_core: int32")
-    .Output("updated_embedding_table: float32")
-    .Output("updated_accumulator: float32")
-    .Attr("clip_weight_min: float = -inf")
-    .Attr("clip_weight_max: float = inf")
-    .Attr("table_name: string")
-    .Attr("num_sparsecores_per_device: int = -1")
-    .SetShapeFn(UpdatedTablesShapeFn<6, 7>);
-
-TTE_OP("XlaSparseDenseMatmulGradWithAdagradAndStaticBufferSize")
-    .Input("row_pointers: int32")
-    .Input("sorted_sample_ids: int32")
-    .Input("sorted_token_ids: int32")
-    .Input("sorted_gains: float32")
-    .Input("activation_gradients: float32")
-    .Input("learning_rate: float32")
-    .Input("embedding_table: float32")
-    .Input("accumulator: float32")
-    .Input("num_minibatches_per_physical_sparse_core: int32")
-    .Output("updated_embedding_table: float32")
-    .Output("updated_accumulator: float32")
-    .Attr("clip_weight_min: float = -inf")
-    .Attr("clip_weight_max: float = inf")
-    .Attr("max_ids_per_sparse_core: int >= 1")
-    .Attr("max_unique_ids_per_sparse_core: int >= 1")
-    .Attr("table_name: string")
-    .Attr("num_sparsecores_per_device: int = -1")
-    .SetShapeFn(UpdatedTablesShapeFn<6, 7>);
-
-TTE_OP("XlaSparseDenseMatmulGradWithAdagradMomentumAndCsrInput")
-    .Input("row_pointers: int32")
-    .Input("sorted_sample_ids: int32")
-    .Input("sorted_token_ids: int32")
-    .Input("sorted_gains: float32")
-    .Input("activation_gradients: float32")
-    .Input("learning_rate: float32")
-    .Input("embedding_table: float32")
-    .Input("accumulator: float32")
-    .Input("momenta: float32")
-    .Input("num_minibatches_per_physical_sparse_core: int32")
-    .Output("updated_embedding_table: float32")
-    .Output("updated_accumulator: float32")
-    .Output("updated_momenta: float32")
-    .Attr("use_nesterov: bool")
-    .Attr("exponent: float")
-    .Attr("beta1: float")
-    .Attr("beta2: float")
-    .Attr("epsilon: float")
-    .Attr("clip_weight_min: float = -inf")
-    .Attr("clip_weight_max: float = inf")
-    .Attr("table_name: string")
-    .Attr("num_sparsecores_per_device: int = -1")
-    .SetShapeFn(UpdatedTablesShapeFn<6, 7, 8>);
-
-TTE_OP("XlaSparseDenseMatmulGradWithAdagradMomentumAndStaticBufferSize")
-    .Input("row_pointers: int32")
-    .Input("sorted_sample_ids: int32")
-    .Input("sorted_token_ids: int32")
-    .Input("sorted_gains: float32")
-    .Input("activation_gradients: float32")
-    .Input("learning_rate: float32")
-    .Input("embedding_table: float32")
-    .Input("accumulator: float32")
-    .Input("momenta: float32")
-    .Input("num_minibatches_per_physical_sparse_core: int32")
-    .Output("updated_embedding_table: float32")
-    .Output("updated_accumulator: float32")
-    .Output("updated_momenta: float32")
-    .Attr("use_nesterov: bool")
-    .Attr("exponent: float")
-    .Attr("beta1: float")
-    .Attr("beta2: float")
-    .Attr("epsilon: float")
-    .Attr("clip_weight_min: float = -inf")
-    .Attr("clip_weight_max: float = inf")
-    .Attr("max_ids_per_sparse_core: int >= 1")
-    .Attr("max_unique_ids_per_sparse_core: int >= 1")
-    .Attr("table_name: string")
-    .Attr("num_sparsecores_per_device: int = -1")
-    .SetShapeFn(UpdatedTablesShapeFn<6, 7, 8>);
-
-TTE_OP("XlaSparseDenseMatmulGradWithAdamAndCsrInput")
-    .Input("row_pointers: int32")
-    .Input("sorted_sample_ids: int32")
-    .Input("sorted_token_ids: int32")
-    .Input("sorted_gains: float32")
-    .Input("activation_gradients: float32")
-    .Input("learning_rate: float32")
-    .Input("embedding_table: float32")
-    .Input("momenta: float32")
-    .Input("velocity: float32")
-    .Input("num_minibatches_per_physical_sparse_core: int32")
-    .Output("updated_embedding_table: float32")
-    .Output("updated_momenta: float32")
-    .Output("updated_velocity: float32")
-    .Attr("use_sum_inside_sqrt: bool")
-    .Attr("beta1: float")
-    .Attr("beta2: float")
-    .Attr("epsilon: float")
-    .Attr("clip_weight_min: float = -inf")
-    .Attr("clip_weight_max: float = inf")
-    .Attr("table_name: string")
-    .Attr("num_sparsecores_per_device: int = -1")
-    .SetShapeFn(UpdatedTablesShapeFn<6, 7, 8>);
-
-TTE_OP("XlaSparseDenseMatmulGradWithAdamAndStaticBufferSize")
-    .Input("row_pointers: int32")
-    .Input("sorted_sample_ids: int32")
-    .Input("sorted_token_ids: int32")
-    .Input("sorted_gains: float32")
-    .Input("activation_gradients: float32")
-    .Input("learning_rate: float32")
-    .Input("embedding_table: float32")
-    .Input("momenta: float32")
-    .Input("velocity: float32")
-    .Input("num_minibatches_per_physical_sparse_core: int32")
-    .Output("updated_embedding_table: float32")
-    .Output("updated_momenta: float32")
-    .Output("updated_velocity: float32")
-    .Attr("use_sum_inside_sqrt: bool")
-    .Attr("beta1: float")
-    .Attr("beta2: float")
-    .Attr("epsilon: float")
-    .Attr("clip_weight_min: float = -inf")
-    .Attr("clip_weight_max: float = inf")
-    .Attr("max_ids_per_sparse_core: int >= 1")
-    .Attr("max_unique_ids_per_sparse_core: int >= 1")
-    .Attr("table_name: string")
-    .Attr("num_sparsecores_per_device: int = -1")
-    .SetShapeFn(UpdatedTablesShapeFn<6, 7, 8>);
-
-TTE_OP("XlaSparseDenseMatmulGradWithCsrInput")
-    .Input("row_pointers: int32")
-    .Input("sorted_sample_ids: int32")
-    .Input("sorted_token_ids: int32")
-    .Input("sorted_gains: float32")
-    .Input("activation_gradients: float32")
-    .Input("tables: N * T")
-    .Input("hyperparameters: M * float32")
-    .Input("num_minibatches_per_physical_sparse_core: int32")
-    .Output("updated_tables: N * T")
-    .Attr("N: int >= 1")
-    .Attr("M: int >= 1")
-    .Attr("custom_computation: func")
-    .Attr("table_name: string")
-    .Attr("num_sparsecores_per_device: int = -1")
-    .Attr("T: {int32, float32} = DT_FLOAT")
-    .SetShapeFn(GradWithCsrInputShapeFn);
-
-TTE_OP("XlaSparseDenseMatmulGradWithFtrlAndCsrInput")
-    .Input("row_pointers: int32")
-    .Input("sorted_sample_ids: int32")
-    .Input("sorted_token_ids: int32")
-    .Input("sorted_gains: float32")
-    .Input("activation_gradients: float32")
-    .Input("learning_rate: float32")
-    .Input("embedding_table: float32")
-    .Input("accumulator: float32")
-    .Input("linear: float32")
-    .Input("num_minibatches_per_physical_sparse_core: int32")
-    .Output("updated_embedding_table: float32")
-    .Output("updated_accumulator: float32")
-    .Output("updated_linear: float32")
-    .Attr("multiply_linear_by_learning_rate: bool")
-    .Attr("beta: float")
-    .Attr("learning_rate_power: float")
-    .Attr("l1_regularization_strength: float")
-    .Attr("l2_regularization_strength: float")
-    .Attr("clip_weight_min: float = -inf")
-    .Attr("clip_weight_max: float = inf")
-    .Attr("table_name: string")
-    .Attr("num_sparsecores_per_device: int = -1")
-    .SetShapeFn(UpdatedTablesShapeFn<6, 7, 8>);
-
-TTE_OP("XlaSparseDenseMatmulGradWithFtrlAndStaticBufferSize")
-    .Input("row_pointers: int32")
-    .Input("sorted_sample_ids: int32")
-    .Input("sorted_token_ids: int32")
-    .Input("sorted_gains: float32")
-    .Input("activation_gradients: float32")
-    .Input("learning_rate: float32")
-    .Input("embedding_table: float32")
-    .Input("accumulator: float32")
-    .Input("linear: float32")
-    .Input("num_minibatches_per_physical_sparse_core: int32")
-    .Output("updated_embedding_table: float32")
-    .Output("updated_accumulator: float32")
-    .Output("updated_linear: float32")
-    .Attr("multiply_linear_by_learning_rate: bool")
-    .Attr("beta: float")
-    .Attr("learning_rate_power: float")
-    .Attr("l1_regularization_strength: float")
-    .Attr("l2_regularization_strength: float")
-    .Attr("clip_weight_min: float = -inf")
-    .Attr("clip_weight_max: float = inf")
-    .Attr("max_ids_per_sparse_core: int >= 1")
-    .Attr("max_unique_ids_per_sparse_core: int >= 1")
-    .Attr("table_name: string")
-    .Attr("num_sparsecores_per_device: int = -1")
-    .SetShapeFn(UpdatedTablesShapeFn<6, 7, 8>);
-
-TTE_OP("XlaSparseDenseMatmulGradWithSgdAndCsrInput")
-    .Input("row_pointers: int32")
-    .Input("sorted_sample_ids: int32")
-    .Input("sorted_token_ids: int32")
-    .Input("sorted_gains: float32")
-    .Input("activation_gradients: float32")
-    .Input("learning_rate: float32")
-    .Input("embedding_table: float32")
-    .Input("num_minibatches_per_physical_sparse_core: int32")
-    .Output("updated_embedding_table: float32")
-    .Attr("clip_weight_min: float = -inf")
-    .Attr("clip_weight_max: float = inf")
-    .Attr("table_name: string")
-    .Attr("num_sparsecores_per_device: int = -1")
-    .SetShapeFn(UpdatedTablesShapeFn<6>);
-
-TTE_OP("XlaSparseDenseMatmulGradWithSgdAndStaticBufferSize")
-    .Input("row_pointers: int32")
-    .Input("sorted_sample_ids: int32")
-    .Input("sorted_token_ids: int32")
-    .Input("sorted_gains: float32")
-    .Input("activation_gradients: float32")
-    .Input("learning_rate: float32")
-    .Input("embedding_table: float32")
-    .Input("num_minibatches_per_physical_sparse_core: int32")
-    .Output("updated_embedding_table: float32")
-    .Attr("clip_weight_min: float = -inf")
-    .Attr("clip_weight_max: float = inf")
-    .Attr("max_ids_per_sparse_core: int >= 1")
-    .Attr("max_unique_ids_per_sparse_core: int >= 1")
-    .Attr("table_name: string")
-    .Attr("num_sparsecores_per_device: int = -1")
-    .SetShapeFn(UpdatedTablesShapeFn<6>);
 
 TTE_OP("XlaSparseDenseMatmulWithCsrInput")
     .Input("row_pointers: int32")

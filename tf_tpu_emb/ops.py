@@ -104,8 +104,12 @@ SPARSECORE_KERNEL_OP_NAMES = (
     "GetMinibatchSplitsWithPhysicalReplica", "GetMinibatchesInCsrWithPhysicalReplica",
     "StoreMinibatchStatisticsInFdo",
     "XlaSparseDenseMatmulWithCsrInput", "XlaSparseDenseMatmulWithStaticBufferSize",
-    "XlaSparseDenseMatmulGradWithCsrInput",
-) + tuple("XlaSparseDenseMatmulGradWith%sAnd%s" % (o, f)
+    "XlaSparseDenseMatmulGradWithCsrInput", "XlaSparseDenseMatmul",
+    "XlaSparseDenseMatmulCustomCombinerOnTcWithCsrInput",
+    "XlaSparseDenseMatmulCustomCombinerOnTcGradWithCsrInput",
+) + tuple("XlaSparseDenseMatmulCustomCombinerOnTcGradWith%sAndCsrInput" % o
+          for o in ("Sgd", "Adagrad", "AdagradMomentum", "Adam", "Ftrl")) + tuple(
+    "XlaSparseDenseMatmulGradWith%sAnd%s" % (o, f)
           for o in ("Sgd", "Adagrad", "AdagradMomentum", "Adam", "Ftrl")
           for f in ("CsrInput", "StaticBufferSize")) + tuple(
     "XlaSparseCore" + o for o in ("Sgd", "Adagrad", "AdagradMomentum", "Adam", "Ftrl"))

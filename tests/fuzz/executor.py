@@ -599,6 +599,13 @@ class Executor:
             if out.shape != want.shape or not np.allclose(out, want, rtol=1e-5, atol=1e-5):
                 raise Finding("corruption", "EmbeddingBagGrad differs from the numpy reference")
 
+    # -------------------------------------------------------- sparsecore
+    def op_sparsecore(self, name, inputs, attrs, functions):
+        """One SparseCore kernel (sparsecore_family.py): no engine involved."""
+        import sparsecore_family  # pylint: disable=import-outside-toplevel
+
+        sparsecore_family.run(name, inputs, attrs, functions)
+
     # ----------------------------------------------------------- cluster
     def op_cluster(self, spec):
         """A random model on real embedding hosts against one engine

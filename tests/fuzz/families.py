@@ -17,7 +17,7 @@ needs the family names); generation does.
 import numpy as np
 
 FAMILIES = ("config", "enqueue", "recv_send", "load_retrieve", "lifecycle", "embedding_bag",
-            "cluster")
+            "cluster", "sparsecore")
 #: Families whose cases are slow (``cluster``: S server processes a case):
 #: ``runner.py`` runs at most this many of them unless ``--no-case-limits``.
 CASE_LIMITS = {"cluster": 100}
@@ -760,6 +760,13 @@ def gen_cluster(rng):
     return [step("cluster", "ok", spec=spec)]
 
 
+def gen_sparsecore(rng):
+    """TF's SparseCore op family, kernels only (sparsecore_family.py)."""
+    import sparsecore_family  # pylint: disable=import-outside-toplevel
+
+    return sparsecore_family.generate(rng)
+
+
 def gen_selftest(rng, index):
     """Cases that prove the runner: index % 6 = 0 abort, 1 SIGSEGV, 2 hang,
     3 a non-TF exception, 4 a rejected op that changes the tables, 5 ok."""
@@ -772,7 +779,8 @@ def gen_selftest(rng, index):
 
 GENERATORS = {"config": gen_config, "enqueue": gen_enqueue, "recv_send": gen_recv_send,
               "load_retrieve": gen_load_retrieve, "lifecycle": gen_lifecycle,
-              "embedding_bag": gen_embedding_bag, "cluster": gen_cluster}
+              "embedding_bag": gen_embedding_bag, "cluster": gen_cluster,
+              "sparsecore": gen_sparsecore}
 
 
 def generate(family, seed, index):

@@ -298,3 +298,48 @@ def minibatch_splits(rows, cols, gains, sample_count, num_sc, num_physical, voca
     id_counts = np.concatenate([[0], np.cumsum([len(b) for b in buckets])]).astype(np.int32)
     return (np.array([e[0] for e in flat], np.int32), np.array([e[1] for e in flat], np.int32),
             np.array([e[2] for e in flat], np.float32), 0, id_counts, max_ids, max_uniques)
+
+
+# ------------------------------------------------- §8 custom combiner
+
+def pack_pos_csr(groups, num_sc, buffer_len):
+    """The custom-combiner ops' buffers (semantics §8: §5's layout, one
+    minibatch) from, per sample SparseCore, per shard j < num_sc, a list of
+    (sample_id, token_id, pos_id, gain); the row pointers padded to 8 groups
+    (a producer's max_minibatches_per_sc) with the end."""
+    g = -(-num_sc // 8) * 8
+    rp, sid, tid, pid, gn = [], [], [], [], []
+    for group in groups:
+        for j in range(g):
+            for s, t, p, w in (group[j] if j < num_sc else []):
+                sid.append(s); tid.append(t); pid.append(p); gn.append(w)
+            rp.append(len(sid))
+            pad = -len(sid) % 8
+            for buf in (sid, tid, pid):
+                buf += [PAD] * pad
+            gn += [float(PAD)] * pad
+    rp += [len(sid)] * (8 * num_sc * g - len(rp))
+    n = len(sid)
+    for buf in (sid, tid, pid):
+        buf += [PAD] * (buffer_len - n)
+    gn += [float(PAD)] * (buffer_len - n)
+    return (np.array(rp, np.int32), np.array(sid, np.int32), np.array(tid, np.int32),
+            np.array(pid, np.int32), np.array(gn, np.float32))
+
+
+def preserved(groups, num_sc, batch, shard_rows, table, max_valency):
+    """(valencies, vectors, ids) of the custom-combiner lookup (§8): the id
+    (sample, pos, row, gain) puts gain * table[row] at vectors[sample, pos];
+    a sample's valency is 1 + its largest position."""
+    size = num_sc * batch
+    val = np.zeros(size, np.int32)
+    vec = np.zeros((size, max_valency, table.shape[1]), np.float32)
+    ids = []
+    for k, group in enumerate(groups):
+        for j, seg in enumerate(group):
+            for s, t, p, w in seg:
+                a, r = k * batch + s, j * shard_rows + t
+                vec[a, p] = np.float32(w) * table[r]
+                val[a] = max(val[a], p + 1)
+                ids.append((a, p, r, np.float32(w)))
+    return val, vec, ids

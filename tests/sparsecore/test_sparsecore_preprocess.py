@@ -1,4 +1,5 @@
-"""The SparseCore preprocessing kernels (kernels/sparsecore_preprocess_kernels.cc)
+"""The SparseCore preprocessing kernels (kernels/sparsecore_coo_kernels.cc,
+kernels/sparsecore_csr_kernels.cc)
 against numpy models of docs/sparsecore_semantics.md §1-§4 (sparsecore_reference.py),
 under our name and TF's, and their bad-input errors."""
 import numpy as np

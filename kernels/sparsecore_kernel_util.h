@@ -1,0 +1,243 @@
+// Helpers of the SparseCore kernels (the custom-combiner ops,
+// kernels/sparsecore_custom_combiner_kernels.cc, the COO lookup,
+// kernels/sparsecore_coo_matmul_kernel.cc, and the preprocessing through
+// kernels/sparsecore_preprocess.h): input checks naming the op, registration
+// under both names, the SparseCore count, the gradient ops' optimizer attrs
+// and row update (docs/sparsecore_semantics.md §6), and calling a `func`
+// attr through the function library runtime with its outputs checked.
+//
+// kernels/sparsecore_matmul_kernels.cc has its own copies of the first
+// helpers in its anonymous namespace (it is being reworked for multi-chip
+// work in parallel); once that lands it should include this header instead.
+#ifndef TF_TPU_EMB_KERNELS_SPARSECORE_KERNEL_UTIL_H_
+#define TF_TPU_EMB_KERNELS_SPARSECORE_KERNEL_UTIL_H_
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "core/optimizers.h"
+#include "kernels/registration.h"
+#include "tensorflow/core/framework/function.h"
+#include "tensorflow/core/framework/tensor.h"
+
+namespace tf_tpu_emb {
+namespace kernels {
+namespace sc_util {
+
+inline absl::Status Invalid(const std::string& op, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(op, ": ", what));
+}
+
+inline absl::Status CheckRank(const std::string& op, const std::string& name, const Tensor& t,
+                              int rank) {
+  if (t.dims() != rank) {
+    return Invalid(op, absl::StrCat(name, " must have rank ", rank, ", got shape ",
+                                    t.shape().DebugString()));
+  }
+  return absl::OkStatus();
+}
+
+inline absl::Status CheckShape(const std::string& op, const std::string& name, const Tensor& t,
+                               const TensorShape& want) {
+  if (t.shape() != want) {
+    return Invalid(op, absl::StrCat(name, " has shape ", t.shape().DebugString(), ", ",
+                                    want.DebugString(), " expected"));
+  }
+  return absl::OkStatus();
+}
+
+inline absl::Status ScalarValue(const std::string& op, const std::string& name, const Tensor& t,
+                                float* out) {
+  if (t.NumElements() != 1 || t.dims() > 1) {
+    return Invalid(op, absl::StrCat(name, " must be a scalar, got shape ",
+                                    t.shape().DebugString()));
+  }
+  *out = t.flat<float>()(0);
+  return absl::OkStatus();
+}
+
+// TF takes the SparseCore count from the TPU topology, else from the attr,
+// and requires a power of two: without a TPU, -1 is TF's error too (§5).
+inline absl::Status ReadNumSparseCores(OpKernelConstruction* c, const std::string& op,
+                                       int64_t* out) {
+  int64_t n;
+  TF_RETURN_IF_ERROR(c->GetAttr("num_sparsecores_per_device", &n));
+  if (n <= 0 || n > (int64_t{1} << 20) || (n & (n - 1)) != 0) {
+    return Invalid(op, absl::StrCat("num_sparsecores_per_device must be a power of two, but got: ",
+                                    n, " (a CPU device has no TPU topology to read it from)"));
+  }
+  *out = n;
+  return absl::OkStatus();
+}
+
+// Copies `in` into a new output `index` of its shape.
+inline absl::Status CopyToOutput(OpKernelContext* ctx, int index, const Tensor& in,
+                                 float** data) {
+  Tensor* out;
+  TF_RETURN_IF_ERROR(ctx->allocate_output(index, in.shape(), &out));
+  if (in.NumElements() > 0) {  // an empty tensor's data may be null
+    std::memcpy(out->flat<float>().data(), in.flat<float>().data(),
+                sizeof(float) * in.NumElements());
+  }
+  *data = out->flat<float>().data();
+  return absl::OkStatus();
+}
+
+// Registers `Kernel` under our prefix and, where this TensorFlow has the
+// op, under TF's name (the SparseCore family grew over TF versions).
+template <typename Kernel>
+void RegisterBoth(const std::string& bare) {
+  RegisterCpuKernel<Kernel>(bare, CoreOpRegistered(bare));
+}
+
+// ------------------------------------------------ §6 the optimizers
+
+enum class Opt { kSgd, kAdagrad, kAdagradMomentum, kAdam, kFtrl };
+
+constexpr int NumSlotsOf(Opt o) {
+  return o == Opt::kSgd ? 0 : o == Opt::kAdagrad ? 1 : 2;
+}
+
+// One SparseCore optimizer's hyper-parameters and its row update:
+// core/optimizers.h's formula, then the weight clipping.
+struct SparseCoreOptimizer {
+  Opt opt = Opt::kSgd;
+  opt::AdagradMomentumHyper momentum{};
+  opt::AdamHyper adam{};
+  opt::FtrlHyper ftrl{};
+  float clip_min = -std::numeric_limits<float>::infinity();
+  float clip_max = std::numeric_limits<float>::infinity();
+
+  void Update(const RowArgs& a) const {
+    switch (opt) {
+      case Opt::kSgd: opt::StochasticGradientDescent(a, {}); break;
+      case Opt::kAdagrad: opt::Adagrad(a, {}); break;
+      case Opt::kAdagradMomentum: opt::AdagradMomentum(a, momentum); break;
+      case Opt::kAdam: opt::Adam(a, adam); break;
+      case Opt::kFtrl: opt::SparseCoreFtrl(a, ftrl); break;
+    }
+    for (int d = 0; d < a.dim; ++d) a.w[d] = std::min(std::max(a.w[d], clip_min), clip_max);
+  }
+};
+
+// The gradient ops' optimizer attrs (TF's names; beta1 is AdagradMomentum's
+// momentum), with TF's clip check and ours on `exponent` (§6).
+inline absl::Status ReadGradAttrs(OpKernelConstruction* c, const std::string& op, Opt o,
+                                  SparseCoreOptimizer* out) {
+  out->opt = o;
+  TF_RETURN_IF_ERROR(c->GetAttr("clip_weight_min", &out->clip_min));
+  TF_RETURN_IF_ERROR(c->GetAttr("clip_weight_max", &out->clip_max));
+  if (out->clip_min > out->clip_max) {
+    return Invalid(op, absl::StrCat("clip_weight_min must be smaller or equal to clip_weight_max "
+                                    "but got clip_weight_min as ",
+                                    out->clip_min, " and clip_weight_max as ", out->clip_max,
+                                    "."));
+  }
+  if (o == Opt::kAdagradMomentum) {
+    opt::AdagradMomentumHyper& h = out->momentum;
+    TF_RETURN_IF_ERROR(c->GetAttr("use_nesterov", &h.use_nesterov));
+    TF_RETURN_IF_ERROR(c->GetAttr("exponent", &h.exponent));
+    TF_RETURN_IF_ERROR(c->GetAttr("beta1", &h.momentum));
+    TF_RETURN_IF_ERROR(c->GetAttr("beta2", &h.beta2));
+    TF_RETURN_IF_ERROR(c->GetAttr("epsilon", &h.epsilon));
+    if (h.exponent == 0) return Invalid(op, "exponent must not be 0");
+  } else if (o == Opt::kAdam) {
+    opt::AdamHyper& h = out->adam;
+    TF_RETURN_IF_ERROR(c->GetAttr("use_sum_inside_sqrt", &h.use_sum_inside_sqrt));
+    TF_RETURN_IF_ERROR(c->GetAttr("beta1", &h.beta1));
+    TF_RETURN_IF_ERROR(c->GetAttr("beta2", &h.beta2));
+    TF_RETURN_IF_ERROR(c->GetAttr("epsilon", &h.epsilon));
+  } else if (o == Opt::kFtrl) {
+    opt::FtrlHyper& h = out->ftrl;
+    TF_RETURN_IF_ERROR(c->GetAttr("multiply_linear_by_learning_rate", &h.multiply_linear_by_lr));
+    TF_RETURN_IF_ERROR(c->GetAttr("beta", &h.beta));
+    TF_RETURN_IF_ERROR(c->GetAttr("learning_rate_power", &h.lr_power));
+    TF_RETURN_IF_ERROR(c->GetAttr("l1_regularization_strength", &h.l1));
+    TF_RETURN_IF_ERROR(c->GetAttr("l2_regularization_strength", &h.l2));
+  }
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------ user functions
+
+// A `func` attr of the op, called through the kernel's function library
+// runtime (as XlaSparseDenseMatmulGradWithCsrInput's kernel calls its
+// custom_computation).  Every output is checked against the expected shapes:
+// a wrong count, dtype or shape is InvalidArgument naming the op, the attr
+// and the output's index.  Const after Init: a kernel's Computes may run
+// concurrently, so each one Prepares its own Call.
+class UserFunction {
+ public:
+  absl::Status Init(OpKernelConstruction* c, const std::string& op, const char* attr) {
+    op_ = op;
+    attr_ = attr;
+    const ::tensorflow::NameAttrList* f;
+    TF_RETURN_IF_ERROR(c->GetAttr(attr, &f));
+    func_ = *f;
+    return absl::OkStatus();
+  }
+
+  // The function instantiated for one Compute (the runtime caches it).
+  class Call {
+   public:
+    // Runs it on `args`; its outputs must be float32 of the `want` shapes.
+    absl::Status Run(const std::vector<Tensor>& args, const std::vector<TensorShape>& want,
+                     std::vector<Tensor>* rets) {
+      rets->clear();
+      TF_RETURN_IF_ERROR(flr_->RunSync(opts_, handle_, args, rets));
+      const std::string& op = fn_->op_;
+      if (rets->size() != want.size()) {
+        return Invalid(op, absl::StrCat(fn_->attr_, " returned ", rets->size(), " tensors, ",
+                                        want.size(), " expected"));
+      }
+      for (size_t i = 0; i < want.size(); ++i) {
+        const Tensor& r = (*rets)[i];
+        if (r.dtype() != ::tensorflow::DT_FLOAT || r.shape() != want[i]) {
+          return Invalid(op, absl::StrCat(fn_->attr_, "'s output ", i, " is ",
+                                          ::tensorflow::DataTypeString(r.dtype()), " ",
+                                          r.shape().DebugString(), "; float ",
+                                          want[i].DebugString(), " expected"));
+        }
+      }
+      return absl::OkStatus();
+    }
+
+   private:
+    friend class UserFunction;
+    const UserFunction* fn_ = nullptr;
+    ::tensorflow::FunctionLibraryRuntime* flr_ = nullptr;
+    ::tensorflow::FunctionLibraryRuntime::Handle handle_{};
+    ::tensorflow::FunctionLibraryRuntime::Options opts_;
+  };
+
+  absl::Status Prepare(OpKernelContext* ctx, Call* call) const {
+    call->fn_ = this;
+    call->flr_ = ctx->function_library();
+    if (call->flr_ == nullptr) {
+      return absl::InternalError(absl::StrCat(op_, ": no function library runtime"));
+    }
+    TF_RETURN_IF_ERROR(call->flr_->Instantiate(
+        func_.name(), ::tensorflow::AttrSlice(&func_.attr()), &call->handle_));
+    call->opts_.runner = ctx->runner();
+    call->opts_.cancellation_manager = ctx->cancellation_manager();
+    call->opts_.rendezvous = ctx->rendezvous();
+    return absl::OkStatus();
+  }
+
+ private:
+  std::string op_;
+  const char* attr_ = "";
+  ::tensorflow::NameAttrList func_;
+};
+
+}  // namespace sc_util
+}  // namespace kernels
+}  // namespace tf_tpu_emb
+
+#endif  // TF_TPU_EMB_KERNELS_SPARSECORE_KERNEL_UTIL_H_
