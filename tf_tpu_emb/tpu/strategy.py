@@ -6,7 +6,7 @@ puts behind TF's public names).
   stand-in TPU system; nothing is contacted.  It answers ``master()``,
   ``cluster_spec()``, ``num_accelerators()`` (``{"TPU": replicas}``),
   ``get_tpu_system_metadata()`` and ``tpu_hardware_feature`` (embedding
-  feature V1).
+  feature V1, or V2 on a SparseCore system: ``install(embedding="v2")``).
 * :class:`TPUStrategy` is a subclass of both ``tf.distribute.TPUStrategy``
   (TF's ``TPUStrategyV2``) and ``tf.distribute.experimental.TPUStrategy``:
   ``isinstance`` against TF's TPU strategy classes holds, so libraries take
@@ -43,6 +43,7 @@ import copy
 import itertools
 import weakref
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.distribute import distribute_utils
@@ -159,6 +160,21 @@ class _Extended(mirrored_strategy.MirroredExtended):
     @property
     def tpu_hardware_feature(self):
         return tpu_hardware_feature.HardwareFeature(self.tf_tpu_emb_system.hardware_feature_proto())
+
+    @property
+    def _tpu_devices(self):
+        """What TF's ``TPUEmbeddingV2`` reads of a ``TPUExtended`` on a
+        SparseCore system (``embedding="v2"``): the devices as a numpy array
+        [replicas, cores per replica] -- replica k's one core is
+        ``/device:CPU:k``.  Absent (AttributeError) on a V1 system, as it is
+        no part of what V1 programs read."""
+        system = self.tf_tpu_emb_system
+        if system.embedding != "v2":
+            raise AttributeError("_tpu_devices")
+        devices = np.empty((system.replicas, 1), dtype=object)
+        for k, device in enumerate(system.devices):
+            devices[k, 0] = device
+        return devices
 
     @property
     def num_hosts(self):
