@@ -146,6 +146,15 @@ class _Extended(mirrored_strategy.MirroredExtended):
         self._tpu_cluster_resolver = resolver
         self._device_assignment = None   # no model parallelism: one logical device per replica
 
+    def _create_variable(self, next_creator, **kwargs):
+        # TPUExtended's rule on a SparseCore system: TF's TPUEmbeddingV2
+        # creates each table shard on its own device and asks for no
+        # mirroring (``skip_mirrored_creator``); MirroredExtended does not
+        # know the argument and would mirror every shard.
+        if self.tf_tpu_emb_system.embedding == "v2" and kwargs.pop("skip_mirrored_creator", False):
+            return next_creator(**kwargs)
+        return super()._create_variable(next_creator, **kwargs)
+
     def _validate_colocate_with_variable(self, colocate_with_variable):
         # TPUExtended's rule, not MirroredExtended's: any variable created under
         # this strategy -- the TPU embedding's host tables included, whose
