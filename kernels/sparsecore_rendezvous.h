@@ -3,10 +3,13 @@
 // SparseCore custom call of the lookup and of the gradient exchanges ids and
 // rows between chips; on the stand-in each chip is a replica on
 // /device:CPU:k, and the N replica kernels of one (op, table) call meet here:
-// the i-th call of (op, table_name) on every replica is one meeting.  The
-// last replica to arrive runs the meeting's work for all of them (each
-// replica's outputs are allocated through its own context) and then resumes
-// every replica.
+// the i-th call of (op, table_name) on every replica is one meeting -- the
+// i-th of the step where the kernels run inside a function (one function
+// call, one step id for every replica: a failed step leaves the next ones
+// aligned), else the i-th since the system was installed (eager
+// `strategy.run`, one step per op).  The last replica to arrive runs the
+// meeting's work for all of them (each replica's outputs are allocated
+// through its own context) and then resumes every replica.
 //
 // No thread waits: a kernel that is not the last leaves its `done` here and
 // returns its inter-op thread (TF's inter-op pool may be smaller than the
@@ -16,12 +19,15 @@
 // and the replicas that did not arrive; one that comes later fails at once
 // with FailedPrecondition (the meeting is gone), so the replicas' counts
 // stay aligned.  A replica whose own inputs are bad fails with its error,
-// and the others of its meeting with FailedPrecondition naming it: nobody
-// waits for the timeout.  A new system (initialize_tpu_system, install)
-// starts every count afresh (core/sparsecore.h ChipSystem::generation).
+// and the others of its meeting with the same code, naming it: nobody
+// waits for the timeout.  When the step is cancelled (another op of it
+// failed), the replicas waiting in its meetings are resumed with Cancelled.
+// A new system (initialize_tpu_system, install) starts every count afresh
+// (core/sparsecore.h ChipSystem::generation).
 #ifndef TF_TPU_EMB_KERNELS_SPARSECORE_RENDEZVOUS_H_
 #define TF_TPU_EMB_KERNELS_SPARSECORE_RENDEZVOUS_H_
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -37,6 +43,7 @@
 #include "absl/strings/str_join.h"
 #include "engine/exceptions.h"
 #include "engine/step_barrier.h"
+#include "tensorflow/core/framework/cancellation.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
 namespace tf_tpu_emb {
@@ -50,6 +57,15 @@ struct ChipArrival {
   ::tensorflow::AsyncOpKernel::DoneCallback done;
   absl::Status status;
   std::shared_ptr<void> data;
+  // The step's cancellation callback of a waiting replica (rendezvous-owned).
+  ::tensorflow::CancellationManager* cancellation = nullptr;
+  ::tensorflow::CancellationToken token = ::tensorflow::CancellationManager::kInvalidToken;
+
+  // Called before `done`: the context (and its manager) may go with it.
+  void Deregister() {
+    if (cancellation != nullptr) cancellation->TryDeregisterCallback(token);
+    cancellation = nullptr;
+  }
 };
 
 class ChipRendezvous {
@@ -65,7 +81,25 @@ class ChipRendezvous {
 
   void Arrive(const std::string& op, const std::string& table, int64_t generation,
               int64_t replica, int64_t replicas, ChipArrival arrival, Work work) {
-    const std::string key = absl::StrCat(op, "\n", table, "\n", generation);
+    // Inside a function every replica's kernel runs under the call's step
+    // id; an eager op has a step of its own (module doc).
+    const bool in_function = arrival.ctx->call_frame() != nullptr;
+    const std::string key = absl::StrCat(op, "\n", table, "\n", generation, "\n",
+                                         in_function ? absl::StrCat(arrival.ctx->step_id()) : "");
+    // The step's cancellation reaches this replica while it waits; the
+    // callback learns the meeting once it is known.
+    auto target = std::make_shared<CancelTarget>();
+    if (::tensorflow::CancellationManager* cm = arrival.ctx->cancellation_manager()) {
+      const ::tensorflow::CancellationToken token = cm->get_cancellation_token();
+      if (!cm->RegisterCallback(token, [this, target] { OnCancel(target); })) {
+        arrival.ctx->SetStatus(absl::CancelledError(
+            absl::StrCat(op, " (table '", table, "'): the step was cancelled")));
+        arrival.done();
+        return;
+      }
+      arrival.cancellation = cm;
+      arrival.token = token;
+    }
     std::shared_ptr<Meeting> m;
     int64_t call;
     bool complete = false;
@@ -104,15 +138,32 @@ class ChipRendezvous {
           complete = true;
           meetings_.erase({key, call});
           DeadlineTimer::Get().Remove(m->timer);
+          // A step's counts go once every replica has come as often.
+          if (in_function && std::all_of(next.begin(), next.end(),
+                                         [&](int64_t c) { return c == next[0]; })) {
+            calls_.erase(key);
+          }
         }
       }
     }
     if (!late.ok()) {
+      arrival.Deregister();
       arrival.ctx->SetStatus(late);
       arrival.done();
       return;
     }
-    if (complete) Run(m.get(), work);
+    if (complete) {
+      Run(m.get(), work);
+      return;
+    }
+    bool cancelled;
+    {
+      std::lock_guard<std::mutex> lock(target->mu);
+      target->id = {key, call};
+      target->known = true;
+      cancelled = target->cancelled;
+    }
+    if (cancelled) Fail({key, call}, /*cancelled=*/true);
   }
 
  private:
@@ -123,10 +174,28 @@ class ChipRendezvous {
     std::vector<ChipArrival> arrivals;
     std::vector<bool> present;
     int64_t came = 0;
-    bool failed = false;
+    bool failed = false, done = false;
     std::string failure;
     DeadlineTimer::Key timer;
   };
+
+  // Which meeting a waiting replica's cancellation callback fails.
+  struct CancelTarget {
+    std::mutex mu;
+    bool known = false, cancelled = false;
+    std::pair<std::string, int64_t> id;
+  };
+
+  void OnCancel(const std::shared_ptr<CancelTarget>& target) {
+    std::pair<std::string, int64_t> id;
+    {
+      std::lock_guard<std::mutex> lock(target->mu);
+      target->cancelled = true;
+      if (!target->known) return;  // Arrive fails the meeting once it knows it
+      id = target->id;
+    }
+    Fail(id, /*cancelled=*/true);
+  }
 
   ChipRendezvous() = default;
 
@@ -137,6 +206,11 @@ class ChipRendezvous {
 
   static void Run(Meeting* m, const Work& work) {
     std::vector<ChipArrival>& a = m->arrivals;
+    {
+      std::lock_guard<std::mutex> lock(Get().mu_);
+      m->done = true;
+    }
+    for (ChipArrival& x : a) x.Deregister();
     std::vector<int64_t> bad;
     for (size_t k = 0; k < a.size(); ++k) {
       if (!a[k].status.ok()) bad.push_back(static_cast<int64_t>(k));
@@ -144,8 +218,10 @@ class ChipRendezvous {
     std::vector<absl::Status> results(a.size());
     if (!bad.empty()) {
       for (size_t k = 0; k < a.size(); ++k) {
+        // The healthy replicas fail with the bad input's code (an
+        // InvalidArgument step stays one), naming the replica that had it.
         results[k] = a[k].status.ok()
-                         ? absl::FailedPreconditionError(absl::StrCat(
+                         ? absl::Status(a[bad[0]].status.code(), absl::StrCat(
                                What(*m), ": replica(s) ", absl::StrJoin(bad, ", "),
                                " failed their input checks (replica ", bad[0], ": ",
                                a[bad[0]].status.message(), ")"))
@@ -161,35 +237,49 @@ class ChipRendezvous {
     for (ChipArrival& arrival : a) arrival.done();
   }
 
-  void Expire(const std::pair<std::string, int64_t>& id) {
+  // The meeting's timeout (`cancelled` false) or its step's cancellation.
+  void Fail(const std::pair<std::string, int64_t>& id, bool cancelled) {
     std::vector<ChipArrival> waiting;
     absl::Status error;
+    DeadlineTimer::Key timer;
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = meetings_.find(id);
-      if (it == meetings_.end() || it->second->failed) return;
+      if (it == meetings_.end() || it->second->failed || it->second->done) return;
       Meeting& m = *it->second;
+      timer = m.timer;
       std::vector<int64_t> missing;
       for (size_t k = 0; k < m.present.size(); ++k) {
         if (!m.present[k]) missing.push_back(static_cast<int64_t>(k));
       }
       m.failed = true;
-      m.failure = absl::StrCat(
-          What(m), ": replica(s) ", absl::StrJoin(missing, ", "), " of ", m.present.size(),
-          " did not arrive within ", m.timeout_seconds,
-          " s (every replica of the SparseCore TPU system must run each lookup and gradient "
-          "op of a step; TF_TPU_EMB_STEP_TIMEOUT_SECONDS sets the limit)");
-      error = absl::DeadlineExceededError(m.failure);
+      if (cancelled) {
+        m.failure = absl::StrCat(What(m), ": the step was cancelled (another op of it failed) "
+                                 "while replica(s) ", absl::StrJoin(missing, ", "), " of ",
+                                 m.present.size(), " had not arrived");
+        error = absl::CancelledError(m.failure);
+      } else {
+        m.failure = absl::StrCat(
+            What(m), ": replica(s) ", absl::StrJoin(missing, ", "), " of ", m.present.size(),
+            " did not arrive within ", m.timeout_seconds,
+            " s (every replica of the SparseCore TPU system must run each lookup and gradient "
+            "op of a step; TF_TPU_EMB_STEP_TIMEOUT_SECONDS sets the limit)");
+        error = absl::DeadlineExceededError(m.failure);
+      }
       for (size_t k = 0; k < m.arrivals.size(); ++k) {
         if (m.present[k]) waiting.push_back(std::move(m.arrivals[k]));
       }
       m.arrivals.clear();
     }
+    if (cancelled) DeadlineTimer::Get().Remove(timer);
     for (ChipArrival& a : waiting) {
+      a.Deregister();
       a.ctx->SetStatus(error);
       a.done();
     }
   }
+
+  void Expire(const std::pair<std::string, int64_t>& id) { Fail(id, /*cancelled=*/false); }
 
   std::mutex mu_;
   std::map<std::string, std::vector<int64_t>> calls_;  // per key: each replica's next call

@@ -31,7 +31,11 @@ TABLES = {"video": (64, 8, "sum"), "user": (32, 8, "mean"), "item": (100, 4, "sq
 FEATURES = {"watched": ("video", "ragged", 3), "clicked": ("video", "dense", 1),
             "friends": ("user", "ragged", 2), "bought": ("item", "ragged", 4)}
 HYPER = {"sgd": {}, "adagrad": {"initial_accumulator_value": 0.1},
-         "adam": {"beta_1": 0.9, "beta_2": 0.99, "epsilon": 1e-3, "sum_inside_sqrt": True},
+         # Adam's update of a row whose summed gradient nearly cancels moves by
+         # (lr / epsilon) times the gradient's rounding; a TPU's order of the
+         # sum over replicas is not ours, nor the model's, so epsilon keeps that
+         # factor near 1 and the comparison at 1e-6 meaningful.
+         "adam": {"beta_1": 0.9, "beta_2": 0.99, "epsilon": 0.1, "sum_inside_sqrt": True},
          "adagrad_momentum": {"momentum": 0.5, "beta2": 1.0, "epsilon": 1e-3,
                               "exponent": 2.0, "use_nesterov": False},
          "ftrl": {"learning_rate_power": -0.5, "initial_accumulator_value": 0.1,
@@ -185,7 +189,10 @@ def main():
             result["error"] = None
         except tf.errors.OpError as e:
             result["error"] = [type(e).__name__, e.message]
-        print(json.dumps({k: result.get(k) for k in ("error",)}))
+        # The system goes on: the next step of every replica meets as before.
+        acts = train_step(distributed(strategy, data[0], per_replica))
+        result["next_step"] = np.concatenate(
+            [a.numpy() for a in strategy.experimental_local_results(acts["clicked"])]).tolist()
         with open(out_path, "w") as f:
             json.dump(result, f)
         return
@@ -195,6 +202,9 @@ def main():
             result["error"] = None
         except tf.errors.OpError as e:
             result["error"] = [type(e).__name__, e.message]
+        acts = train_step(distributed(strategy, data[0], per_replica))
+        result["next_step"] = np.concatenate(
+            [a.numpy() for a in strategy.experimental_local_results(acts["clicked"])]).tolist()
         with open(out_path, "w") as f:
             json.dump(result, f)
         return

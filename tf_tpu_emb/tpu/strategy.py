@@ -259,6 +259,7 @@ class TPUStrategy(tpu_strategy.TPUStrategyV2, tpu_strategy.TPUStrategy):
                 "parallelism).".format(assignment.num_replicas,
                                        assignment.num_cores_per_replica, system.replicas))
         del experimental_spmd_xla_partitioning
+        self._v2_run_functions = {}  # fn -> its tf.function (run, SparseCore systems)
         self._collective_key_base = (self._KEY_BASE_START
                                      + self._KEY_BASE_STRIDE * next(self._key_bases))
         distribute_lib.Strategy.__init__(self, _Extended(self, system, tpu_cluster_resolver))
@@ -268,6 +269,20 @@ class TPUStrategy(tpu_strategy.TPUStrategyV2, tpu_strategy.TPUStrategy):
         return CPUStandInStrategy
 
     def run(self, fn, args=(), kwargs=None, options=None):
+        if self.extended.tf_tpu_emb_system.embedding == "v2" and tf.executing_eagerly():
+            # TF's TPUStrategy runs an eager ``run`` as a tf.function (one
+            # replicated program per step: tpu_strategy.py
+            # ``_tpu_function_creator``); on a SparseCore system the
+            # replicas' SparseCore kernels of one step then share its step
+            # (kernels/sparsecore_rendezvous.h).  V1 keeps MirroredStrategy's
+            # eager run.
+            function = self._v2_run_functions.get(fn)
+            if function is None:
+                def replicated(args, kwargs, options):
+                    return distribute_lib.Strategy.run(self, fn, args, kwargs, options)
+                function = tf.function(replicated, autograph=False)
+                self._v2_run_functions[fn] = function
+            return function(args, kwargs or {}, options)
         return distribute_lib.Strategy.run(self, fn, args, kwargs, options)
 
     @property
@@ -291,7 +306,8 @@ class TPUStrategy(tpu_strategy.TPUStrategyV2, tpu_strategy.TPUStrategy):
         result = object.__new__(type(self))
         memo[id(self)] = result
         for k, v in self.__dict__.items():
-            setattr(result, k, copy.deepcopy(v, memo))
+            # tf.functions do not copy; a copy traces its own.
+            setattr(result, k, {} if k == "_v2_run_functions" else copy.deepcopy(v, memo))
         result._extended._container_strategy_weakref = weakref.ref(result)  # pylint: disable=protected-access
         return result
 
