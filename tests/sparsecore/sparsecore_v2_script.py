@@ -8,7 +8,8 @@ from a fixed seed and do not depend on N (a global batch of ``GLOBAL_BATCH``
 samples, replica k gets samples [k*B, (k+1)*B)); it writes the inputs, the
 logical tables before and after training (read from ``embedding_tables``
 with TF's own unshuffle, tpu_embedding_v3_utils) and every step's global
-activations to OUT.json, for the test's numpy model.
+activations to OUT.json, for the test's numpy model.  Even steps look up with
+``embedding(features)``, odd ones with ``enqueue`` + ``dequeue``.
 
 MODE: ``train`` (the above), ``checkpoint`` (train, save, restore into a fresh
 object and write both objects' tables), ``missing`` (one replica runs a lookup
@@ -167,9 +168,12 @@ def main():
               "inputs": data, "initial": logical_tables(embedding), "activations": []}
 
     @tf.function
-    def train_step(dist):
+    def train_step(dist, split=False):
         def fn(features, weights, offsets):
-            activations, preserved = embedding(features, weights)
+            if split:  # enqueue (preprocessing on the host) and dequeue (the lookup)
+                activations, preserved = embedding.dequeue(embedding.enqueue(features, weights))
+            else:      # __call__: embedding_lookup, the two in one
+                activations, preserved = embedding(features, weights)
             grads = {f: activations[f] + offsets[f] for f in FEATURES}
             embedding.apply_gradients(grads, preserved)
             return activations
@@ -209,8 +213,8 @@ def main():
             json.dump(result, f)
         return
 
-    for step in data:
-        acts = train_step(distributed(strategy, step, per_replica))
+    for k, step in enumerate(data):
+        acts = train_step(distributed(strategy, step, per_replica), split=k % 2 == 1)
         result["activations"].append({
             f: np.concatenate([a.numpy() for a in strategy.experimental_local_results(acts[f])]
                               ).tolist() for f in FEATURES})
