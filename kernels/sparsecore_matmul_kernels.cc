@@ -11,8 +11,8 @@
 // (several chips, core/sparsecore.h ChipSystem) the lookup and gradient
 // kernels are asynchronous: the replicas' kernels of one call meet
 // (kernels/sparsecore_chips.h, kernels/sparsecore_rendezvous.h) and exchange
-// rows and gradients as the
-// TPU's SparseCores do (semantics "Multi-chip"); on one chip they run at once.
+// rows and gradients as the TPU's SparseCores do (semantics "Multi-chip");
+// on one chip they run at once.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
