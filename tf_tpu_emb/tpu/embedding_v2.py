@@ -9,10 +9,15 @@ What a TPU gives that class and the stand-in gives otherwise -- the seams,
 every one of them here or named here, each active only while a V2 stand-in
 is installed (``tf_tpu_emb.tpu.uninstall`` restores TF's public names):
 
-1. ``strategy.extended._tpu_devices`` (tf_tpu_emb/tpu/strategy.py): the
-   devices array TF reads for variable placement, table initialisation,
-   ``embedding_table_shards`` and the host of the enqueue; replica k is
-   ``/device:CPU:k``.
+1. The strategy (tf_tpu_emb/tpu/strategy.py, "SparseCore systems"):
+   ``strategy.extended._tpu_devices``, the devices array TF reads for
+   variable placement, table initialisation, ``embedding_table_shards`` and
+   the host of the enqueue (replica k is ``/device:CPU:k``); variable
+   creation honours TF's ``skip_mirrored_creator`` (each table shard is a
+   plain variable on its chip's device, as under ``TPUExtended``); and an
+   eager ``strategy.run`` runs as a ``tf.function``, as TF's
+   ``TPUStrategy.run`` does (one step, one function call, whose step the
+   chips' kernels meet in).
 2. ``tpu_hardware_feature`` of the strategy and resolver
    (tf_tpu_emb/tpu/system.py): embedding feature V2,
    ``SPARSECORES_PER_CHIP`` per chip.

@@ -28,6 +28,15 @@ runs no TPU compiler, so for them ``__class__`` is :class:`CPUStandInStrategy`
 metrics Keras reports equal to those of a ``MirroredStrategy`` with the same
 replicas (tests/tpu/test_standin_keras.py).
 
+SparseCore systems (``install(embedding="v2")``; TF's ``TPUEmbeddingV2``,
+tf_tpu_emb/tpu/embedding_v2.py).  Three more things of a ``TPUExtended`` /
+``TPUStrategy``, on such a system only (a V1 system is as before):
+``extended._tpu_devices`` (the [replicas, 1] device array TF's class reads),
+``skip_mirrored_creator`` honoured at variable creation (TF creates each
+table shard on its own device), and an eager ``run`` traced and run as a
+``tf.function`` (TF's ``TPUStrategy`` compiles an eager ``run`` too; the
+replicas' SparseCore kernels of a step meet within one function call).
+
 Collective keys.  On a TPU a strategy's cross-replica sums are compiled into
 its own XLA program, so two TPU strategies of one process (a test suite that
 builds a model per test, as Model Garden's ``train_test.py`` does) never
