@@ -3,7 +3,7 @@
 v2``: it trains at 1, 2 (and, slow, 4 and 8) replicas, and a step is a
 global-batch step on any replica count (losses and every logical table equal
 the one-replica run's).  The tables' numerics against a numpy model:
-tests/sparsecore/test_sparsecore_v2_standin.py."""
+test_sparsecore_v2_standin.py."""
 import json
 import os
 
