@@ -219,6 +219,16 @@ def main():
             f: np.concatenate([a.numpy() for a in strategy.experimental_local_results(acts[f])]
                               ).tolist() for f in FEATURES})
     result["final"] = logical_tables(embedding)
+    # TF's two views of the stacked tables: embedding_tables (the sharded
+    # variables, keyed by stacked table) and embedding_table_shards (each
+    # chip's shard read on its device).
+    tables = embedding.embedding_tables
+    result["embedding_tables"] = {name: [list(v.shape) for v in var.values]
+                                  for name, var in tables.items()}
+    result["table_shards"] = {
+        name: [[device, bool(np.array_equal(shard.numpy(), tables[name].values[k].numpy()))]
+               for k, (device, shard) in enumerate(shards)]
+        for name, shards in embedding.embedding_table_shards.items()}
     if mode == "checkpoint":
         import tempfile  # pylint: disable=import-outside-toplevel
         path = tf.train.Checkpoint(embedding=embedding).save(tempfile.mkdtemp() + "/ckpt")

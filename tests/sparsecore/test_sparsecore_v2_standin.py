@@ -54,6 +54,13 @@ def test_training_equals_the_global_batch_model(tmp_path, opt, replicas):
     assert result["embedding_class"] == "tensorflow.python.tpu.tpu_embedding_v3.TPUEmbeddingV2"
     # TF stacked the two width-8 tables with one optimizer; item has its own.
     assert sorted(result["stacked"].values()) == [["item"], ["user", "video"]]
+    # embedding_tables: TF's stacked tables (keyed by stack), one shard per chip.
+    assert sorted(result["embedding_tables"]) == ["item", "user_video"]
+    assert all(len(shards) == replicas for shards in result["embedding_tables"].values())
+    for name, shards in result["table_shards"].items():
+        assert [device for device, _ in shards] == [
+            "/job:localhost/replica:0/task:0/device:CPU:%d" % k for k in range(replicas)]
+        assert all(same for _, same in shards), (name, shards)
     tables, activations = model(result, opt)
     for step, (got, want) in enumerate(zip(result["activations"], activations)):
         for feature in script.FEATURES:
