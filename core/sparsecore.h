@@ -7,6 +7,7 @@
 #ifndef TF_TPU_EMB_CORE_SPARSECORE_H_
 #define TF_TPU_EMB_CORE_SPARSECORE_H_
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -74,6 +75,58 @@ inline float CombinerTransform(Combiner c, float sum) {
       return sum == 0.0f ? 0.0f : static_cast<float>(1.0 / std::sqrt(sum));
   }
   return 1.0f;
+}
+
+
+// ------------------------------------------------------------- several chips
+// The stand-in SparseCore TPU system (tf_tpu_emb/tpu/system.py with
+// embedding="v2"; docs/sparsecore_semantics.md "Multi-chip"): `replicas`
+// chips, replica k on /device:CPU:k, `sparsecores_per_chip` SparseCores each.
+// The lookup and gradient kernels read it (a TPU's kernels read the TPU
+// topology); `generation` changes with every Set, so a new system (or
+// initialize_tpu_system) starts the kernels' per-call meeting counts afresh.
+// replicas == 0: no stand-in system -- the one-chip CPU model of §5-§6.
+struct ChipSystem {
+  int64_t replicas = 0;
+  int64_t sparsecores_per_chip = 0;
+  int64_t generation = 0;
+};
+
+inline std::atomic<int64_t>& ChipSystemWord() {
+  // replicas (16 bits), sparsecores per chip (16 bits), generation (31 bits).
+  static std::atomic<int64_t> word{0};
+  return word;
+}
+
+inline ChipSystem CurrentChipSystem() {
+  const int64_t w = ChipSystemWord().load();
+  return {w & 0xffff, (w >> 16) & 0xffff, w >> 32};
+}
+
+// Installs (replicas > 0) or removes (0) the stand-in system; false for a
+// count outside [0, 65535].
+inline bool SetChipSystem(int64_t replicas, int64_t sparsecores_per_chip) {
+  if (replicas < 0 || replicas > 0xffff || sparsecores_per_chip < 0 ||
+      sparsecores_per_chip > 0xffff) {
+    return false;
+  }
+  int64_t old = ChipSystemWord().load();
+  for (;;) {
+    const int64_t generation = ((old >> 32) + 1) & 0x7fffffff;
+    const int64_t word = (generation << 32) | (sparsecores_per_chip << 16) | replicas;
+    if (ChipSystemWord().compare_exchange_weak(old, word)) return true;
+  }
+}
+
+// Where physical SparseCore shard `shard` (of replicas * sparsecores_per_chip,
+// the `col & (P - 1)` of §2) lives: chip `shard / S`, that chip's local
+// shard `shard % S` (TF's stacked variable: shard p is rows [p*R, (p+1)*R) of
+// the logical stacked table, and chip k holds shards [k*S, (k+1)*S)).
+struct ShardHome {
+  int64_t chip, local_shard;
+};
+inline ShardHome HomeOfShard(int64_t shard, int64_t sparsecores_per_chip) {
+  return {shard / sparsecores_per_chip, shard % sparsecores_per_chip};
 }
 
 }  // namespace sparsecore

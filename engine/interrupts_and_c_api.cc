@@ -2,7 +2,8 @@
 // -fvisibility=hidden, called with ctypes by the Python package) and the
 // SIGINT machinery behind the waits' ones: Python's side of them is
 // tf_tpu_emb/waits.py (Ctrl-C, the end of the main thread) and
-// tf_tpu_emb/engine_registry.py (releasing an engine, the live state bytes).
+// tf_tpu_emb/engine_registry.py (releasing an engine, the live state bytes)
+// and tf_tpu_emb/tpu/system.py (the stand-in's SparseCore chips).
 // The library links no Python: PyErr_SetInterruptEx is looked up at run time.
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -15,6 +16,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/sparsecore.h"
 #include "engine/engine.h"
 #include "engine/step_barrier.h"
 
@@ -136,4 +138,14 @@ extern "C" __attribute__((visibility("default"))) void TfTpuEmbReleaseEngine(con
 
 extern "C" __attribute__((visibility("default"))) int64_t TfTpuEmbLiveStateBytes() {
   return tf_tpu_emb::Engine::LiveStateBytes();
+}
+
+// ----------------------------------------------- tf_tpu_emb/tpu/system.py
+// The stand-in SparseCore system the lookup and gradient kernels read
+// (core/sparsecore.h ChipSystem; replicas 0 removes it).  Returns 0, or -1
+// for counts out of range.
+
+extern "C" __attribute__((visibility("default"))) int TfTpuEmbSetSparseCoreSystem(
+    int64_t replicas, int64_t sparsecores_per_chip) {
+  return tf_tpu_emb::sparsecore::SetChipSystem(replicas, sparsecores_per_chip) ? 0 : -1;
 }

@@ -6,7 +6,13 @@
 // buffers, the row gradient, the optimizers -- is docs/sparsecore_semantics.md
 // §5-§7; the row updates are core/optimizers.h's (one optimizer source).
 // Every input is checked before an output is written: a bad one is
-// InvalidArgument naming the op and the offending index.
+// InvalidArgument naming the op and the offending index (and, for the
+// lookup and gradient ops, the table).  On the stand-in SparseCore TPU
+// (several chips, core/sparsecore.h ChipSystem) the lookup and gradient
+// kernels are asynchronous: the replicas' kernels of one call meet
+// (kernels/sparsecore_chips.h, kernels/sparsecore_rendezvous.h) and exchange
+// rows and gradients as the TPU's SparseCores do (semantics "Multi-chip");
+// on one chip they run at once.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -19,6 +25,7 @@
 #include "core/optimizers.h"
 #include "core/sparsecore.h"
 #include "kernels/registration.h"
+#include "kernels/sparsecore_chips.h"
 #include "tensorflow/core/framework/function.h"
 #include "tensorflow/core/framework/tensor.h"
 
@@ -27,21 +34,17 @@ namespace kernels {
 namespace {
 
 namespace sc = ::tf_tpu_emb::sparsecore;
+using sparsecore_chips::Chips;
+using sparsecore_chips::CheckRank;
+using sparsecore_chips::CsrId;
+using sparsecore_chips::Invalid;
+using sparsecore_chips::ReadChips;
+using sparsecore_chips::ReadCsr;
+using sparsecore_chips::RunOnChips;
+using sparsecore_chips::SameShards;
 using opt::AdagradMomentumHyper;
 using opt::AdamHyper;
 using opt::FtrlHyper;
-
-absl::Status Invalid(const std::string& op, const std::string& what) {
-  return absl::InvalidArgumentError(absl::StrCat(op, ": ", what));
-}
-
-absl::Status CheckRank(const std::string& op, const char* name, const Tensor& t, int rank) {
-  if (t.dims() != rank) {
-    return Invalid(op, absl::StrCat(name, " must have rank ", rank, ", got shape ",
-                                    t.shape().DebugString()));
-  }
-  return absl::OkStatus();
-}
 
 absl::Status CheckSameShape(const std::string& op, const char* name, const Tensor& t,
                             const Tensor& table) {
@@ -61,106 +64,17 @@ absl::Status ScalarValue(const std::string& op, const char* name, const Tensor& 
   return absl::OkStatus();
 }
 
-// TF takes the SparseCore count from the TPU topology, else from the attr,
-// and requires a power of two: without a TPU, -1 is TF's error too.
-absl::Status ReadNumSparseCores(OpKernelConstruction* c, const std::string& op, int64_t* out) {
-  int64_t n;
-  TF_RETURN_IF_ERROR(c->GetAttr("num_sparsecores_per_device", &n));
-  if (n <= 0 || n > (int64_t{1} << 20) || (n & (n - 1)) != 0) {
-    return Invalid(op, absl::StrCat("num_sparsecores_per_device must be a power of two, but got: ",
-                                    n, " (a CPU device has no TPU topology to read it from)"));
-  }
-  *out = n;
-  return absl::OkStatus();
-}
-
-// One id of the CSR buffers in the CPU model (semantics §5): it adds
-// gain * table[row] to activations[sample].
-struct CsrId {
-  int64_t sample, row;
-  float gain;
-};
-
-// Validates the CSR buffers (inputs 0-3), the minibatch count and the table
-// against the one-chip model and lists the ids in buffer order.
-absl::Status ReadCsr(const std::string& op, OpKernelContext* ctx, const Tensor& table,
-                     const Tensor& minibatches_t, int64_t num_sc, int64_t batch,
-                     std::vector<CsrId>* ids) {
-  const Tensor& pointers_t = ctx->input(0);
-  const Tensor& samples_t = ctx->input(1);
-  const Tensor& tokens_t = ctx->input(2);
-  const Tensor& gains_t = ctx->input(3);
-  TF_RETURN_IF_ERROR(CheckRank(op, "row_pointers", pointers_t, 1));
-  TF_RETURN_IF_ERROR(CheckRank(op, "sorted_sample_ids", samples_t, 1));
-  TF_RETURN_IF_ERROR(CheckRank(op, "sorted_token_ids", tokens_t, 1));
-  TF_RETURN_IF_ERROR(CheckRank(op, "sorted_gains", gains_t, 1));
-  TF_RETURN_IF_ERROR(CheckRank(op, "embedding_table", table, 2));
-  const int64_t n = samples_t.NumElements();
-  if (tokens_t.NumElements() != n || gains_t.NumElements() != n) {
-    return Invalid(op, absl::StrCat("sorted_sample_ids (", n, "), sorted_token_ids (",
-                                    tokens_t.NumElements(), ") and sorted_gains (",
-                                    gains_t.NumElements(), ") must have the same length"));
-  }
-  if (minibatches_t.dims() != 0) {
-    return Invalid(op, absl::StrCat("num_minibatches_per_physical_sparse_core must be scalar, got "
-                                    "shape ",
-                                    minibatches_t.shape().DebugString()));
-  }
-  const int64_t m = minibatches_t.scalar<int32_t>()();
-  const int64_t group = sc::RoundUp(num_sc, sc::kXlaPadSize);
-  const int64_t num_pointers = pointers_t.NumElements();
-  if (m < 1 || m * num_sc * group > num_pointers) {
-    return Invalid(op, absl::StrCat("num_minibatches_per_physical_sparse_core = ", m, " needs ",
-                                    m * num_sc * group, " row pointers (", num_sc,
-                                    " sparse cores, groups of ", group, "), got ", num_pointers));
-  }
-  if (table.dim_size(0) % num_sc != 0) {
-    return Invalid(op, absl::StrCat("the embedding table's ", table.dim_size(0),
-                                    " rows do not split into ", num_sc,
-                                    " sparse core shards (num_sparsecores_per_device)"));
-  }
-  const int64_t shard_rows = table.dim_size(0) / num_sc;
-  const auto pointers = pointers_t.vec<int32_t>();
-  const auto samples = samples_t.vec<int32_t>();
-  const auto tokens = tokens_t.vec<int32_t>();
-  const auto gains = gains_t.vec<float>();
-  ids->clear();
-  for (int64_t k = 0; k < m * num_sc * group; ++k) {
-    const int64_t begin = k == 0 ? 0 : sc::RoundUp(pointers(k - 1), sc::kXlaPadSize);
-    const int64_t end = pointers(k);
-    if (end < begin || end > n) {
-      return Invalid(op, absl::StrCat("row_pointers[", k, "] = ", end, " must lie in [", begin,
-                                      ", ", n, "] (the segment's start, the ids' length)"));
-    }
-    const int64_t shard = k % group;
-    const int64_t sample_sc = k / group / m;
-    if (shard >= num_sc && end > begin) {
-      return Invalid(op, absl::StrCat("row_pointers[", k, "]: segment ", shard,
-                                      " of its group holds ids, but a chip has only ", num_sc,
-                                      " sparse core shards"));
-    }
-    for (int64_t i = begin; i < end; ++i) {
-      if (samples(i) < 0 || samples(i) >= batch) {
-        return Invalid(op, absl::StrCat("sorted_sample_ids[", i, "] = ", samples(i),
-                                        " is outside [0, ", batch, ") (samples per sparse core)"));
-      }
-      if (tokens(i) < 0 || tokens(i) >= shard_rows) {
-        return Invalid(op, absl::StrCat("sorted_token_ids[", i, "] = ", tokens(i),
-                                        " is outside [0, ", shard_rows,
-                                        ") (rows of a sparse core's table shard)"));
-      }
-      ids->push_back({sample_sc * batch + samples(i), shard * shard_rows + tokens(i), gains(i)});
-    }
-  }
-  return absl::OkStatus();
-}
-
 // ------------------------------------------------------------ §5 the lookup
 
-class CsrLookupOp : public OpKernel {
+struct LookupInput {
+  std::vector<CsrId> ids;
+};
+
+class CsrLookupOp : public AsyncOpKernel {
  public:
-  explicit CsrLookupOp(OpKernelConstruction* c) : OpKernel(c), op_(BareOpName(c)) {
+  explicit CsrLookupOp(OpKernelConstruction* c) : AsyncOpKernel(c), op_(BareOpName(c)) {
     OP_REQUIRES_OK(c, c->GetAttr("input_size", &input_size_));
+    OP_REQUIRES_OK(c, c->GetAttr("table_name", &table_));
     int buckets;
     OP_REQUIRES_OK(c, c->GetAttr("quantization_config_num_buckets", &buckets));
     OP_REQUIRES(c, buckets == 0,
@@ -174,35 +88,51 @@ class CsrLookupOp : public OpKernel {
                   absl::UnimplementedError(
                       absl::StrCat(op_, ": only float32 tables are implemented on CPU")));
     }
-    OP_REQUIRES_OK(c, ReadNumSparseCores(c, op_, &num_sc_));
-    OP_REQUIRES(c, input_size_ % num_sc_ == 0,
+    OP_REQUIRES_OK(c, ReadChips(c, op_, &chips_));
+    OP_REQUIRES(c, input_size_ % chips_.num_sc == 0,
                 Invalid(op_, absl::StrCat("input_size ", input_size_, " is not divisible by ",
-                                          num_sc_, " sparse cores")));
+                                          chips_.num_sc, " sparse cores")));
   }
 
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& table = ctx->input(4);
-    std::vector<CsrId> ids;
-    OP_REQUIRES_OK(ctx, ReadCsr(op_, ctx, table, ctx->input(5), num_sc_, input_size_ / num_sc_,
-                                &ids));
-    const int64_t width = table.dim_size(1);
-    Tensor* out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({input_size_, width}), &out));
-    float* act = out->flat<float>().data();
-    std::fill_n(act, input_size_ * width, 0.0f);
-    const float* w = table.flat<float>().data();
-    for (const CsrId& id : ids) {
-      float* a = act + id.sample * width;
-      const float* row = w + id.row * width;
-      for (int64_t d = 0; d < width; ++d) a[d] += id.gain * row[d];
-    }
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    auto in = std::make_shared<LookupInput>();
+    absl::Status status;
+    const absl::Status caught = CatchExceptions(op_, [&] {
+      status = ReadCsr(op_, ctx, ctx->input(4), ctx->input(5), chips_, input_size_ / chips_.num_sc,
+                       &in->ids);
+    });
+    if (!caught.ok()) status = caught;
+    const int64_t input_size = input_size_;
+    const std::string op = op_;
+    RunOnChips(ctx, std::move(done), op_, table_, chips_, status, in,
+               [input_size, op](std::vector<ChipArrival>& a) {
+                 std::vector<const Tensor*> tables;
+                 for (ChipArrival& x : a) tables.push_back(&x.ctx->input(4));
+                 std::vector<absl::Status> result(a.size(), SameShards(op, tables));
+                 if (!result[0].ok()) return result;
+                 const int64_t width = tables[0]->dim_size(1);
+                 for (size_t k = 0; k < a.size(); ++k) {
+                   Tensor* out;
+                   result[k] = a[k].ctx->allocate_output(0, TensorShape({input_size, width}), &out);
+                   if (!result[k].ok()) continue;
+                   float* act = out->flat<float>().data();
+                   std::fill_n(act, input_size * width, 0.0f);
+                   for (const CsrId& id : static_cast<LookupInput*>(a[k].data.get())->ids) {
+                     float* dst = act + id.sample * width;
+                     const float* row = tables[id.chip]->flat<float>().data() + id.row * width;
+                     for (int64_t d = 0; d < width; ++d) dst[d] += id.gain * row[d];
+                   }
+                 }
+                 return result;
+               });
   }
 
  private:
   const std::string op_;
-  int64_t input_size_ = 0, num_sc_ = 1;
+  std::string table_;
+  int64_t input_size_ = 0;
+  Chips chips_;
 };
-
 // ------------------------------------------------- §6 gradient and optimizer
 
 enum class Opt { kSgd, kAdagrad, kAdagradMomentum, kAdam, kFtrl };
@@ -287,77 +217,116 @@ absl::Status CopyToOutput(OpKernelContext* ctx, int index, const Tensor& in, flo
 // Inputs: row_pointers, sorted_sample_ids, sorted_token_ids, sorted_gains,
 // activation_gradients, learning_rate, embedding_table, slots...,
 // num_minibatches_per_physical_sparse_core; outputs: table, slots...
+// Across chips ("Multi-chip"): chip c's shard is updated with the ids of
+// every replica's buffers that address it, replicas in order, each buffer
+// in its order, so a touched row gets the summed gradient of the global
+// batch once.
+struct GradInput {
+  std::vector<CsrId> ids;
+  float lr = 0;
+};
+
 template <Opt kOpt>
-class CsrGradOp : public OpKernel {
+class CsrGradOp : public AsyncOpKernel {
  public:
-  explicit CsrGradOp(OpKernelConstruction* c) : OpKernel(c), op_(BareOpName(c)) {
+  explicit CsrGradOp(OpKernelConstruction* c) : AsyncOpKernel(c), op_(BareOpName(c)) {
     OP_REQUIRES_OK(c, ReadGradAttrs(c, op_, kOpt, &optimizer_));
-    OP_REQUIRES_OK(c, ReadNumSparseCores(c, op_, &num_sc_));
+    OP_REQUIRES_OK(c, c->GetAttr("table_name", &table_));
+    OP_REQUIRES_OK(c, ReadChips(c, op_, &chips_));
   }
 
-  void Compute(OpKernelContext* ctx) override {
-    constexpr int kSlots = NumSlotsOf();
-    const Tensor& grads = ctx->input(4);
-    const Tensor& table = ctx->input(6);
-    OP_REQUIRES_OK(ctx, CheckRank(op_, "activation_gradients", grads, 2));
-    OP_REQUIRES_OK(ctx, CheckRank(op_, "embedding_table", table, 2));
-    const int64_t width = table.dim_size(1), batch = grads.dim_size(0);
-    OP_REQUIRES(ctx, grads.dim_size(1) == width,
-                Invalid(op_, absl::StrCat("activation_gradients have ", grads.dim_size(1),
-                                          " columns, the embedding table ", width)));
-    OP_REQUIRES(ctx, batch % num_sc_ == 0,
-                Invalid(op_, absl::StrCat("activation_gradients' ", batch,
-                                          " rows are not divisible by ", num_sc_,
-                                          " sparse cores")));
-    for (int s = 0; s < kSlots; ++s) {
-      OP_REQUIRES_OK(ctx, CheckSameShape(op_, "a slot variable", ctx->input(7 + s), table));
-    }
-    float lr;
-    OP_REQUIRES_OK(ctx, ScalarValue(op_, "learning_rate", ctx->input(5), &lr));
-    std::vector<CsrId> ids;
-    OP_REQUIRES_OK(ctx, ReadCsr(op_, ctx, table, ctx->input(7 + kSlots), num_sc_,
-                                batch / num_sc_, &ids));
-
-    // Per touched row, its gradient sum (buffer order).
-    std::vector<int64_t> slot_of(table.dim_size(0), -1);
-    std::vector<int64_t> touched;
-    std::vector<float> sums;
-    const float* g = grads.flat<float>().data();
-    for (const CsrId& id : ids) {
-      int64_t& slot = slot_of[id.row];
-      if (slot < 0) {
-        slot = static_cast<int64_t>(touched.size());
-        touched.push_back(id.row);
-        sums.resize(sums.size() + width, 0.0f);
-      }
-      float* sum = sums.data() + slot * width;
-      const float* grad = g + id.sample * width;
-      for (int64_t d = 0; d < width; ++d) sum[d] += id.gain * grad[d];
-    }
-
-    float* w;
-    float* s[kMaxSlots] = {};
-    OP_REQUIRES_OK(ctx, CopyToOutput(ctx, 0, table, &w));
-    for (int k = 0; k < kSlots; ++k) OP_REQUIRES_OK(ctx, CopyToOutput(ctx, 1 + k, ctx->input(7 + k), &s[k]));
-    for (size_t t = 0; t < touched.size(); ++t) {
-      const int64_t off = touched[t] * width;
-      RowArgs a{};
-      a.w = w + off;
-      for (int k = 0; k < kSlots; ++k) a.s[k] = s[k] + off;
-      a.g = sums.data() + t * width;
-      a.dim = static_cast<int>(width);
-      a.lr = lr;
-      optimizer_.Update(a, /*clip=*/true);
-    }
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    auto in = std::make_shared<GradInput>();
+    absl::Status status;
+    const absl::Status caught = CatchExceptions(op_, [&] { status = Check(ctx, in.get()); });
+    if (!caught.ok()) status = caught;
+    const std::string op = op_;
+    const SparseCoreOptimizer optimizer = optimizer_;
+    RunOnChips(ctx, std::move(done), op_, table_, chips_, status, in,
+               [op, optimizer](std::vector<ChipArrival>& a) {
+                 return Apply(op, optimizer, a);
+               });
   }
 
  private:
-  static constexpr int NumSlotsOf() {
-    return kOpt == Opt::kSgd ? 0 : kOpt == Opt::kAdagrad ? 1 : 2;
+  static constexpr int kSlots = kOpt == Opt::kSgd ? 0 : kOpt == Opt::kAdagrad ? 1 : 2;
+
+  absl::Status Check(OpKernelContext* ctx, GradInput* in) const {
+    const Tensor& grads = ctx->input(4);
+    const Tensor& table = ctx->input(6);
+    TF_RETURN_IF_ERROR(CheckRank(op_, "activation_gradients", grads, 2));
+    TF_RETURN_IF_ERROR(CheckRank(op_, "embedding_table", table, 2));
+    const int64_t width = table.dim_size(1), batch = grads.dim_size(0);
+    const int64_t num_sc = chips_.num_sc;
+    if (grads.dim_size(1) != width) {
+      return Invalid(op_, absl::StrCat("activation_gradients have ", grads.dim_size(1),
+                                       " columns, the embedding table ", width));
+    }
+    if (batch % num_sc != 0) {
+      return Invalid(op_, absl::StrCat("activation_gradients' ", batch,
+                                       " rows are not divisible by ", num_sc, " sparse cores"));
+    }
+    for (int s = 0; s < kSlots; ++s) {
+      TF_RETURN_IF_ERROR(CheckSameShape(op_, "a slot variable", ctx->input(7 + s), table));
+    }
+    TF_RETURN_IF_ERROR(ScalarValue(op_, "learning_rate", ctx->input(5), &in->lr));
+    return ReadCsr(op_, ctx, table, ctx->input(7 + kSlots), chips_, batch / num_sc, &in->ids);
   }
+
+  static std::vector<absl::Status> Apply(const std::string& op, const SparseCoreOptimizer& opt,
+                                         std::vector<ChipArrival>& a) {
+    std::vector<const Tensor*> tables;
+    for (ChipArrival& x : a) tables.push_back(&x.ctx->input(6));
+    std::vector<absl::Status> result(a.size(), SameShards(op, tables));
+    if (!result[0].ok()) return result;
+    const int64_t rows = tables[0]->dim_size(0), width = tables[0]->dim_size(1);
+    for (size_t c = 0; c < a.size(); ++c) {
+      // Per touched row of chip c's shard, its gradient sum (replicas in
+      // order, each one's buffer order).
+      std::vector<int64_t> slot_of(rows, -1), touched;
+      std::vector<float> sums;
+      for (ChipArrival& from : a) {
+        const float* g = from.ctx->input(4).flat<float>().data();
+        for (const CsrId& id : static_cast<GradInput*>(from.data.get())->ids) {
+          if (id.chip != static_cast<int64_t>(c)) continue;
+          int64_t& slot = slot_of[id.row];
+          if (slot < 0) {
+            slot = static_cast<int64_t>(touched.size());
+            touched.push_back(id.row);
+            sums.resize(sums.size() + width, 0.0f);
+          }
+          float* sum = sums.data() + slot * width;
+          const float* grad = g + id.sample * width;
+          for (int64_t d = 0; d < width; ++d) sum[d] += id.gain * grad[d];
+        }
+      }
+      OpKernelContext* ctx = a[c].ctx;
+      float* w;
+      float* s[kMaxSlots] = {};
+      result[c] = CopyToOutput(ctx, 0, ctx->input(6), &w);
+      for (int k = 0; k < kSlots && result[c].ok(); ++k) {
+        result[c] = CopyToOutput(ctx, 1 + k, ctx->input(7 + k), &s[k]);
+      }
+      if (!result[c].ok()) continue;
+      const float lr = static_cast<GradInput*>(a[c].data.get())->lr;
+      for (size_t t = 0; t < touched.size(); ++t) {
+        const int64_t off = touched[t] * width;
+        RowArgs args{};
+        args.w = w + off;
+        for (int k = 0; k < kSlots; ++k) args.s[k] = s[k] + off;
+        args.g = sums.data() + t * width;
+        args.dim = static_cast<int>(width);
+        args.lr = lr;
+        opt.Update(args, /*clip=*/true);
+      }
+    }
+    return result;
+  }
+
   const std::string op_;
+  std::string table_;
   SparseCoreOptimizer optimizer_;
-  int64_t num_sc_ = 1;
+  Chips chips_;
 };
 
 // XlaSparseDenseMatmulGradWithCsrInput: the optimizer is the user's function
@@ -376,7 +345,14 @@ class CsrGradCustomOp : public OpKernel {
     OP_REQUIRES(c, t == ::tensorflow::DT_FLOAT,
                 absl::UnimplementedError(
                     absl::StrCat(op_, ": only float32 tables are implemented on CPU")));
-    OP_REQUIRES_OK(c, ReadNumSparseCores(c, op_, &num_sc_));
+    OP_REQUIRES_OK(c, ReadChips(c, op_, &chips_));
+    // Ours: a user function as the optimizer runs on one chip's ids only
+    // (semantics "Multi-chip").
+    OP_REQUIRES(c, chips_.chips == 1,
+                absl::UnimplementedError(absl::StrCat(
+                    op_, ": a custom_computation optimizer across ", chips_.chips,
+                    " chips is not implemented on the CPU stand-in (one chip only)")));
+    num_sc_ = chips_.num_sc;
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -403,7 +379,7 @@ class CsrGradCustomOp : public OpKernel {
       OP_REQUIRES_OK(ctx, ScalarValue(op_, "a hyperparameter", hypers[j], &hyper[j]));
     }
     std::vector<CsrId> ids;
-    OP_REQUIRES_OK(ctx, ReadCsr(op_, ctx, table, ctx->input(ctx->num_inputs() - 1), num_sc_,
+    OP_REQUIRES_OK(ctx, ReadCsr(op_, ctx, table, ctx->input(ctx->num_inputs() - 1), chips_,
                                 batch / num_sc_, &ids));
     std::vector<int64_t> slot_of(rows, -1), touched;
     std::vector<float> sums;
@@ -475,6 +451,7 @@ class CsrGradCustomOp : public OpKernel {
  private:
   const std::string op_;
   ::tensorflow::NameAttrList func_;
+  Chips chips_;
   int64_t num_sc_ = 1;
 };
 

@@ -10,6 +10,7 @@
 #include "core/bf16.h"
 #include "core/config.h"
 #include "core/optimizers.h"
+#include "core/sparsecore.h"
 #include "tests/cpp/unit.h"
 
 namespace tf_tpu_emb {
@@ -32,6 +33,31 @@ TPUEmbeddingConfiguration TableModeConfig() {
 // §2.1: without feature descriptors, one Recv output per table of shape
 // [batch_size_per_tensor_core * num_features, dim]; completion adds the
 // matching feature descriptor.
+// docs/sparsecore_semantics.md §10: the stand-in's SparseCore system (chips,
+// SparseCores per chip, a generation per Set) and where a shard lives: chip
+// k holds shards [k*S, (k+1)*S) of TF's stacked table.
+TEST(SparseCoreChipSystem) {
+  const sparsecore::ChipSystem before = sparsecore::CurrentChipSystem();
+  ASSERT_TRUE(sparsecore::SetChipSystem(8, 4));
+  sparsecore::ChipSystem now = sparsecore::CurrentChipSystem();
+  EXPECT_EQ(now.replicas, int64_t{8});
+  EXPECT_EQ(now.sparsecores_per_chip, int64_t{4});
+  const int64_t generation = now.generation;
+  ASSERT_TRUE(sparsecore::SetChipSystem(8, 4));
+  EXPECT_EQ(sparsecore::CurrentChipSystem().generation, generation + 1);
+  EXPECT_TRUE(!sparsecore::SetChipSystem(-1, 4));
+  EXPECT_TRUE(!sparsecore::SetChipSystem(70000, 4));
+  EXPECT_EQ(sparsecore::CurrentChipSystem().replicas, int64_t{8});  // unchanged by a refusal
+  ASSERT_TRUE(sparsecore::SetChipSystem(0, 0));
+  EXPECT_EQ(sparsecore::CurrentChipSystem().replicas, int64_t{0});
+  EXPECT_EQ(sparsecore::HomeOfShard(0, 4).chip, int64_t{0});
+  EXPECT_EQ(sparsecore::HomeOfShard(5, 4).chip, int64_t{1});
+  EXPECT_EQ(sparsecore::HomeOfShard(5, 4).local_shard, int64_t{1});
+  EXPECT_EQ(sparsecore::HomeOfShard(31, 4).chip, int64_t{7});
+  EXPECT_EQ(sparsecore::HomeOfShard(31, 4).local_shard, int64_t{3});
+  sparsecore::SetChipSystem(before.replicas, before.sparsecores_per_chip);
+}
+
 TEST(OutputShapesTableMode) {
   TPUEmbeddingConfiguration c = TableModeConfig();
   std::vector<TensorShapeProto> shapes;

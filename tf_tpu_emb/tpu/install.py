@@ -16,7 +16,14 @@ public name                                        under the stand-in
 ``distribute.TPUStrategy``,                        :class:`strategy.TPUStrategy`
 ``distribute.experimental.TPUStrategy``
 ``tpu.experimental.embedding.TPUEmbedding``        ``tf_tpu_emb.TPUEmbedding``
+``tpu.experimental.embedding.TPUEmbeddingV2``      :class:`embedding_v2.TPUEmbeddingV2`
+                                                   (``embedding="v2"`` only)
 =================================================  ===================================
+
+``embedding`` picks the TPU generation the system stands in for: ``"v1"``
+(the default; the TensorCore-attached embedding) or ``"v2"`` (a SparseCore
+TPU that TF's own ``TPUEmbeddingV2`` drives: tf_tpu_emb/tpu/embedding_v2.py
+lists its seams); unset, ``$TF_TPU_EMB_EMBEDDING`` decides.
 
 A library that checks for a TPU the way TF documents (``isinstance`` against
 ``tf.distribute.TPUStrategy``, ``strategy.extended.tpu_hardware_feature``) and
@@ -24,12 +31,14 @@ builds ``tf.tpu.experimental.embedding.TPUEmbedding`` therefore trains
 through the engine with no code of its own here.
 """
 import importlib
+import os
 import sys
 import threading
 
 import tensorflow as tf
 
 from tf_tpu_emb import mid_level
+from tf_tpu_emb.tpu import embedding_v2
 from tf_tpu_emb.tpu import strategy as strategy_lib
 from tf_tpu_emb.tpu import system as system_lib
 
@@ -81,10 +90,27 @@ def _connect_to_cluster_fn(original):
     return experimental_connect_to_cluster
 
 
-def _replacements():
+# The environment variable that picks the embedding generation when
+# install() is not told (module doc).
+EMBEDDING_VARIABLE = "TF_TPU_EMB_EMBEDDING"
+
+
+def _embedding_from(embedding):
+    if embedding is None:
+        embedding = os.environ.get(EMBEDDING_VARIABLE, "") or "v1"
+    if embedding not in system_lib.EMBEDDINGS:
+        raise ValueError("embedding must be one of %s (install(embedding=...), $%s), got %r"
+                         % (", ".join(system_lib.EMBEDDINGS), EMBEDDING_VARIABLE, embedding))
+    return embedding
+
+
+def _replacements(embedding):
     """TF's public object -> the stand-in's."""
     connect = tf.config.experimental_connect_to_cluster
-    return {
+    extra = {}
+    if embedding == "v2":
+        extra[tf.tpu.experimental.embedding.TPUEmbeddingV2] = embedding_v2.TPUEmbeddingV2
+    return {**extra,
         tf.distribute.cluster_resolver.TPUClusterResolver: strategy_lib.TPUClusterResolver,
         connect: _connect_to_cluster_fn(connect),
         tf.tpu.experimental.initialize_tpu_system: _initialize_tpu_system,
@@ -114,22 +140,28 @@ def _logical_cpus(replicas):
             "SCRIPT.".format(replicas, have, replicas))
 
 
-def install(replicas=1):
+def install(replicas=1, embedding=None):
     """Installs the CPU stand-in for the TPU system (docs/guides/tpu-unchanged.md):
     a TPU system of ``replicas`` cores, each a logical CPU device,
-    behind TF's public TPU names.  Call it before the program runs any
-    TensorFlow op (the logical devices must be set up first).  Installing
-    again with the same replicas is a no-op; returns the system."""
+    behind TF's public TPU names.  ``embedding``: ``"v1"`` (TensorCore
+    embedding, the default) or ``"v2"`` (a SparseCore TPU for TF's
+    ``TPUEmbeddingV2``); None reads ``$TF_TPU_EMB_EMBEDDING``.  Call it
+    before the program runs any TensorFlow op (the logical devices must be
+    set up first).  Installing again with the same replicas and embedding is
+    a no-op; returns the system."""
+    embedding = _embedding_from(embedding)
     with _lock:
         system = system_lib.current()
         if system is not None:
-            if system.replicas != replicas:
-                raise RuntimeError("the stand-in TPU system is installed with %d replica(s); "
-                                   "uninstall() it first" % system.replicas)
+            if system.replicas != replicas or system.embedding != embedding:
+                raise RuntimeError("the stand-in TPU system is installed with %d replica(s), "
+                                   "embedding %s; uninstall() it first"
+                                   % (system.replicas, system.embedding))
             return system
         _logical_cpus(replicas)
-        system = system_lib.TPUSystem(replicas)
-        replacements = _replacements()
+        system = system_lib.TPUSystem(replicas, embedding)
+        system.publish_chips()
+        replacements = _replacements(embedding)
         for name in _API_MODULES:
             try:
                 importlib.import_module(name)
@@ -158,6 +190,7 @@ def uninstall():
         if system is None:
             return
         system.shutdown()
+        system.publish_chips(installed=False)
         while _rebound:
             module, attr, value = _rebound.pop()
             setattr(module, attr, value)

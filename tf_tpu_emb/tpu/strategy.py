@@ -6,7 +6,7 @@ puts behind TF's public names).
   stand-in TPU system; nothing is contacted.  It answers ``master()``,
   ``cluster_spec()``, ``num_accelerators()`` (``{"TPU": replicas}``),
   ``get_tpu_system_metadata()`` and ``tpu_hardware_feature`` (embedding
-  feature V1).
+  feature V1, or V2 on a SparseCore system: ``install(embedding="v2")``).
 * :class:`TPUStrategy` is a subclass of both ``tf.distribute.TPUStrategy``
   (TF's ``TPUStrategyV2``) and ``tf.distribute.experimental.TPUStrategy``:
   ``isinstance`` against TF's TPU strategy classes holds, so libraries take
@@ -28,6 +28,15 @@ runs no TPU compiler, so for them ``__class__`` is :class:`CPUStandInStrategy`
 metrics Keras reports equal to those of a ``MirroredStrategy`` with the same
 replicas (tests/tpu/test_standin_keras.py).
 
+SparseCore systems (``install(embedding="v2")``; TF's ``TPUEmbeddingV2``,
+tf_tpu_emb/tpu/embedding_v2.py).  Three more things of a ``TPUExtended`` /
+``TPUStrategy``, on such a system only (a V1 system is as before):
+``extended._tpu_devices`` (the [replicas, 1] device array TF's class reads),
+``skip_mirrored_creator`` honoured at variable creation (TF creates each
+table shard on its own device), and an eager ``run`` traced and run as a
+``tf.function`` (TF's ``TPUStrategy`` compiles an eager ``run`` too; the
+replicas' SparseCore kernels of a step meet within one function call).
+
 Collective keys.  On a TPU a strategy's cross-replica sums are compiled into
 its own XLA program, so two TPU strategies of one process (a test suite that
 builds a model per test, as Model Garden's ``train_test.py`` does) never
@@ -43,6 +52,7 @@ import copy
 import itertools
 import weakref
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.distribute import distribute_utils
@@ -145,6 +155,15 @@ class _Extended(mirrored_strategy.MirroredExtended):
         self._tpu_cluster_resolver = resolver
         self._device_assignment = None   # no model parallelism: one logical device per replica
 
+    def _create_variable(self, next_creator, **kwargs):
+        # TPUExtended's rule on a SparseCore system: TF's TPUEmbeddingV2
+        # creates each table shard on its own device and asks for no
+        # mirroring (``skip_mirrored_creator``); MirroredExtended does not
+        # know the argument and would mirror every shard.
+        if self.tf_tpu_emb_system.embedding == "v2" and kwargs.pop("skip_mirrored_creator", False):
+            return next_creator(**kwargs)
+        return super()._create_variable(next_creator, **kwargs)
+
     def _validate_colocate_with_variable(self, colocate_with_variable):
         # TPUExtended's rule, not MirroredExtended's: any variable created under
         # this strategy -- the TPU embedding's host tables included, whose
@@ -159,6 +178,21 @@ class _Extended(mirrored_strategy.MirroredExtended):
     @property
     def tpu_hardware_feature(self):
         return tpu_hardware_feature.HardwareFeature(self.tf_tpu_emb_system.hardware_feature_proto())
+
+    @property
+    def _tpu_devices(self):
+        """What TF's ``TPUEmbeddingV2`` reads of a ``TPUExtended`` on a
+        SparseCore system (``embedding="v2"``): the devices as a numpy array
+        [replicas, cores per replica] -- replica k's one core is
+        ``/device:CPU:k``.  Absent (AttributeError) on a V1 system, as it is
+        no part of what V1 programs read."""
+        system = self.tf_tpu_emb_system
+        if system.embedding != "v2":
+            raise AttributeError("_tpu_devices")
+        devices = np.empty((system.replicas, 1), dtype=object)
+        for k, device in enumerate(system.devices):
+            devices[k, 0] = device
+        return devices
 
     @property
     def num_hosts(self):
@@ -234,6 +268,7 @@ class TPUStrategy(tpu_strategy.TPUStrategyV2, tpu_strategy.TPUStrategy):
                 "parallelism).".format(assignment.num_replicas,
                                        assignment.num_cores_per_replica, system.replicas))
         del experimental_spmd_xla_partitioning
+        self._v2_run_functions = {}  # fn -> its tf.function (run, SparseCore systems)
         self._collective_key_base = (self._KEY_BASE_START
                                      + self._KEY_BASE_STRIDE * next(self._key_bases))
         distribute_lib.Strategy.__init__(self, _Extended(self, system, tpu_cluster_resolver))
@@ -243,6 +278,20 @@ class TPUStrategy(tpu_strategy.TPUStrategyV2, tpu_strategy.TPUStrategy):
         return CPUStandInStrategy
 
     def run(self, fn, args=(), kwargs=None, options=None):
+        if self.extended.tf_tpu_emb_system.embedding == "v2" and tf.executing_eagerly():
+            # TF's TPUStrategy runs an eager ``run`` as a tf.function (one
+            # replicated program per step: tpu_strategy.py
+            # ``_tpu_function_creator``); on a SparseCore system the
+            # replicas' SparseCore kernels of one step then share its step
+            # (kernels/sparsecore_rendezvous.h).  V1 keeps MirroredStrategy's
+            # eager run.
+            function = self._v2_run_functions.get(fn)
+            if function is None:
+                def replicated(args, kwargs, options):
+                    return distribute_lib.Strategy.run(self, fn, args, kwargs, options)
+                function = tf.function(replicated, autograph=False)
+                self._v2_run_functions[fn] = function
+            return function(args, kwargs or {}, options)
         return distribute_lib.Strategy.run(self, fn, args, kwargs, options)
 
     @property
@@ -266,7 +315,8 @@ class TPUStrategy(tpu_strategy.TPUStrategyV2, tpu_strategy.TPUStrategy):
         result = object.__new__(type(self))
         memo[id(self)] = result
         for k, v in self.__dict__.items():
-            setattr(result, k, copy.deepcopy(v, memo))
+            # tf.functions do not copy; a copy traces its own.
+            setattr(result, k, {} if k == "_v2_run_functions" else copy.deepcopy(v, memo))
         result._extended._container_strategy_weakref = weakref.ref(result)  # pylint: disable=protected-access
         return result
 

@@ -20,7 +20,18 @@ rules of a TPU system that programs rely on (docs/tpu_embedding_semantics.md
 ``tf_tpu_emb.TPUEmbedding`` reaches the system through the strategy it was
 created under (``strategy.extended.tf_tpu_emb_system``), so this module
 imports nothing of the mid-level API.
+
+Embedding generations.  ``embedding="v1"`` (the default) is the
+TensorCore-attached TPU embedding (feature V1, one embedding device per
+chip) that ``tf.tpu.experimental.embedding.TPUEmbedding`` drives.
+``embedding="v2"`` is a SparseCore TPU (feature V2,
+:data:`SPARSECORES_PER_CHIP` SparseCores per chip) that TF's own
+``TPUEmbeddingV2`` drives (:mod:`tf_tpu_emb.tpu.embedding_v2`); the system
+then tells the op library's SparseCore kernels its chips
+(``TfTpuEmbSetSparseCoreSystem``, engine/interrupts_and_c_api.cc), as a TPU's
+kernels read the TPU topology (docs/sparsecore_semantics.md "Multi-chip").
 """
+import ctypes
 import threading
 
 from tensorflow.core.protobuf.tpu import topology_pb2
@@ -28,7 +39,16 @@ from tensorflow.core.protobuf.tpu import topology_pb2
 from tf_tpu_emb import engine_registry
 from tf_tpu_emb import ops
 
-__all__ = ["TPUSystem", "current", "ALREADY_INITIALIZED"]
+__all__ = ["TPUSystem", "current", "ALREADY_INITIALIZED", "EMBEDDINGS", "SPARSECORES_PER_CHIP"]
+
+# The embedding generations a stand-in system can be (module doc).
+EMBEDDINGS = ("v1", "v2")
+# SparseCores per chip of the stand-in SparseCore TPU: 4, as on TPU v5p and
+# v6e (TF's TPUEmbeddingV2 reads it from
+# ``tpu_hardware_feature.num_embedding_devices_per_chip`` and falls back to
+# the same 4 when a topology reports 0; its gradient stacking,
+# ``_stack_gradients``, handles at most 4).
+SPARSECORES_PER_CHIP = 4
 
 # TF's text (tensorflow/python/tpu/tpu_embedding_v2.py, build on a TPU system
 # whose embedding is configured).
@@ -54,10 +74,13 @@ class TPUSystem:
 
     engine = ""  # the default engine: the TPU system's embedding
 
-    def __init__(self, replicas):
+    def __init__(self, replicas, embedding="v1"):
         if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
             raise ValueError("replicas must be a positive int, got %r" % (replicas,))
+        if embedding not in EMBEDDINGS:
+            raise ValueError("embedding must be one of %s, got %r" % (EMBEDDINGS, embedding))
         self.replicas = replicas
+        self.embedding = embedding
         self.devices = tuple("/job:localhost/replica:0/task:0/device:CPU:%d" % k
                              for k in range(replicas))
         self.initialized = False
@@ -68,10 +91,29 @@ class TPUSystem:
     def hardware_feature_proto(self):
         """``TPUHardwareFeature``: embedding feature V1 (the TensorCore-attached
         TPU embedding that ``tf.tpu.experimental.embedding.TPUEmbedding``
-        drives), one embedding device per chip."""
+        drives), one embedding device per chip; or, for ``embedding="v2"``,
+        feature V2 with :data:`SPARSECORES_PER_CHIP` SparseCores per chip."""
+        if self.embedding == "v2":
+            return topology_pb2.TPUHardwareFeature(
+                embedding_feature=topology_pb2.TPUHardwareFeature.V2,
+                num_embedding_devices_per_chip=SPARSECORES_PER_CHIP)
         return topology_pb2.TPUHardwareFeature(
             embedding_feature=topology_pb2.TPUHardwareFeature.V1,
             num_embedding_devices_per_chip=1)
+
+    @property
+    def sparsecores_per_chip(self):
+        """SparseCores per chip: :data:`SPARSECORES_PER_CHIP` on a V2 system, else 0."""
+        return SPARSECORES_PER_CHIP if self.embedding == "v2" else 0
+
+    def publish_chips(self, installed=True):
+        """Tells the op library's SparseCore kernels this system's chips (a
+        V2 system; ``installed=False``: none).  Every call starts the
+        kernels' per-call meeting counts afresh."""
+        if self.embedding != "v2":
+            return
+        _set_sparsecore_system(self.replicas if installed else 0,
+                               self.sparsecores_per_chip if installed else 0)
 
     def topology_proto(self):
         """One task with ``replicas`` cores on one chip row (mesh [1, 1, 1, N])."""
@@ -86,8 +128,10 @@ class TPUSystem:
     # ------------------------------------------------------------------ lifecycle
 
     def initialize(self):
-        """``initialize_tpu_system``: the embedding (if any) is shut down."""
+        """``initialize_tpu_system``: the embedding (if any) is shut down
+        (and, on a V2 system, the SparseCore kernels' meetings start afresh)."""
         self._reset_embedding()
+        self.publish_chips()
         self.initialized = True
 
     def shutdown(self):
@@ -110,3 +154,14 @@ class TPUSystem:
             raise RuntimeError(ALREADY_INITIALIZED)
         self.embeddings_built += 1
         return self.engine
+
+
+def _set_sparsecore_system(replicas, sparsecores_per_chip):
+    from tf_tpu_emb import _loader  # pylint: disable=import-outside-toplevel
+    _loader.load_library()  # TF loads it first (its op and kernel registrations)
+    lib = ctypes.CDLL(_loader.library_path())  # the same loaded image
+    lib.TfTpuEmbSetSparseCoreSystem.argtypes = [ctypes.c_int64, ctypes.c_int64]
+    lib.TfTpuEmbSetSparseCoreSystem.restype = ctypes.c_int
+    if lib.TfTpuEmbSetSparseCoreSystem(replicas, sparsecores_per_chip) != 0:
+        raise ValueError("a SparseCore TPU system of %d chip(s) x %d SparseCore(s) is out of "
+                         "range" % (replicas, sparsecores_per_chip))

@@ -1,0 +1,267 @@
+"""A TPUEmbeddingV2 program for the stand-in SparseCore TPU (child script of
+test_sparsecore_v2_standin.py; run as ``python -m tf_tpu_emb.run --embedding
+v2 --replicas N sparsecore_v2_script.py MODE OUT.json [OPTIMIZER STEPS]``).
+
+It is an ordinary TPU program: resolver, initialize_tpu_system, TPUStrategy,
+TF's ``tf.tpu.experimental.embedding.TPUEmbeddingV2``.  Its inputs are drawn
+from a fixed seed and do not depend on N (a global batch of ``GLOBAL_BATCH``
+samples, replica k gets samples [k*B, (k+1)*B)); it writes the inputs, the
+logical tables before and after training (read from ``embedding_tables``
+with TF's own unshuffle, tpu_embedding_v3_utils) and every step's global
+activations to OUT.json, for the test's numpy model.  Even steps look up with
+``embedding(features)``, odd ones with ``enqueue`` + ``dequeue``.
+
+MODE: ``train`` (the above), ``checkpoint`` (train, save, restore into a fresh
+object and write both objects' tables), ``missing`` (one replica runs a lookup
+alone), ``bad_ids`` (an id past the table on replica N-1).
+"""
+import json
+import sys
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.tpu import tpu_embedding_v3_utils
+
+GLOBAL_BATCH = 32
+E = tf.tpu.experimental.embedding
+# name: (vocabulary, width, combiner).  video and user share width and
+# optimizer: TF stacks them; item (width 4, padded to 8 by TF's layout, and 100
+# rows, padded too) has a learning rate of its own, so a stack of its own.
+TABLES = {"video": (64, 8, "sum"), "user": (32, 8, "mean"), "item": (100, 4, "sqrtn")}
+# feature: (table, form, max ids per sample)
+FEATURES = {"watched": ("video", "ragged", 3), "clicked": ("video", "dense", 1),
+            "friends": ("user", "ragged", 2), "bought": ("item", "ragged", 4)}
+HYPER = {"sgd": {}, "adagrad": {"initial_accumulator_value": 0.1},
+         # Adam's update of a row whose summed gradient nearly cancels moves by
+         # (lr / epsilon) times the gradient's rounding; a TPU's order of the
+         # sum over replicas is not ours, nor the model's, so epsilon keeps that
+         # factor near 1 and the comparison at 1e-6 meaningful.
+         "adam": {"beta_1": 0.9, "beta_2": 0.99, "epsilon": 0.1, "sum_inside_sqrt": True},
+         "adagrad_momentum": {"momentum": 0.5, "beta2": 1.0, "epsilon": 1e-3,
+                              "exponent": 2.0, "use_nesterov": False},
+         "ftrl": {"learning_rate_power": -0.5, "initial_accumulator_value": 0.1,
+                  "l1_regularization_strength": 0.0, "l2_regularization_strength": 0.01,
+                  "beta": 0.1, "multiply_linear_by_learning_rate": False}}
+LEARNING_RATES = {"video": 0.1, "user": 0.1, "item": 0.05}
+
+
+def optimizer(name, lr):
+    h = dict(HYPER[name])
+    if name == "sgd":
+        return E.SGD(learning_rate=lr)
+    if name == "adagrad":
+        return E.Adagrad(learning_rate=lr, **h)
+    if name == "adam":
+        return E.Adam(learning_rate=lr, lazy_adam=True, **h)
+    if name == "adagrad_momentum":
+        return E.AdagradMomentum(learning_rate=lr, **h)
+    if name == "ftrl":
+        return E.FTRL(learning_rate=lr, **h)
+    raise ValueError(name)
+
+
+def inputs(steps, seed=7):
+    """Per step, per feature: (row lengths, ids, weights) of the global batch
+    and the gradient offsets [GLOBAL_BATCH, width]."""
+    rng = np.random.RandomState(seed)
+    data = []
+    for _ in range(steps):
+        step = {}
+        for f, (table, form, most) in FEATURES.items():
+            vocab, width, _ = TABLES[table]
+            lengths = (np.ones(GLOBAL_BATCH, np.int64) if form == "dense"
+                       else rng.randint(0 if f != "watched" else 1, most + 1, GLOBAL_BATCH))
+            n = int(lengths.sum())
+            ids = rng.randint(0, vocab, n)
+            ids[: n // 4] = ids[: n // 4] % 5  # repeated ids across samples and replicas
+            weights = (np.ones(n) if form == "dense" else rng.uniform(0.5, 2.0, n))
+            offsets = rng.normal(0, 0.5, (GLOBAL_BATCH, width))
+            step[f] = {"lengths": lengths.tolist(), "ids": ids.tolist(),
+                       "weights": np.float32(weights).tolist(),
+                       "offsets": np.float32(offsets).tolist()}
+        data.append(step)
+    return data
+
+
+def replica_slice(feature, k, per_replica):
+    lengths = np.array(feature["lengths"])
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    lo, hi = k * per_replica, (k + 1) * per_replica
+    ids = np.array(feature["ids"][starts[lo]:starts[hi]], np.int32)
+    weights = np.array(feature["weights"][starts[lo]:starts[hi]], np.float32)
+    return lengths[lo:hi], ids, weights
+
+
+def make_embedding(strategy, opt_name, per_replica):
+    tables = {name: E.TableConfig(vocabulary_size=v, dim=d, combiner=c, name=name,
+                                  optimizer=optimizer(opt_name, LEARNING_RATES[name]))
+              for name, (v, d, c) in TABLES.items()}
+    config = {f: E.FeatureConfig(tables[t], name=f, output_shape=[per_replica])
+              for f, (t, _, _) in FEATURES.items()}
+    with strategy.scope():
+        embedding = tf.tpu.experimental.embedding.TPUEmbeddingV2(
+            config, sparse_core_embedding_config=E.SparseCoreEmbeddingConfig(
+                max_ids_per_chip_per_sample=64))
+        embedding.build()
+    return embedding
+
+
+def logical_tables(embedding):
+    """Every logical table, from ``embedding_tables`` (the stacked, sharded
+    variables) with TF's own unshuffle and padding removal."""
+    out = {}
+    for stacked, variable in embedding.embedding_tables.items():
+        full = tf.concat([v.read_value() for v in variable.values], axis=0)
+        for name, (vocab, width, _) in TABLES.items():
+            layout = embedding.embedding_layouts[name]
+            if layout.stacked_table_name != stacked:
+                continue
+            shards = layout.num_sparse_cores
+            table = tpu_embedding_v3_utils.unshuffle_from_sc_to_cpu(
+                full, num_sparse_cores=shards,
+                offset_in_shard=layout.sparse_core_shard_row_offset,
+                size_in_shard=layout.unsharded_padded_shape[0] // shards,
+                shard_rotation=layout.sparse_core_shard_rotation)
+            out[name] = table.numpy()[:vocab, :width].tolist()
+    return out
+
+
+def distributed(strategy, step, per_replica, with_offsets=True, bad_replica=None):
+    def fn(ctx):
+        k = ctx.replica_id_in_sync_group
+        features, weights, offsets = {}, {}, {}
+        for f, (_, form, _) in FEATURES.items():
+            lengths, ids, w = replica_slice(step[f], k, per_replica)
+            if k == bad_replica and f == "watched":
+                ids = ids.copy()
+                ids[0] = 1 << 20  # far past every table of the stack
+            if form == "dense":
+                features[f], weights[f] = tf.constant(ids), None
+            else:
+                features[f] = tf.RaggedTensor.from_row_lengths(ids, lengths)
+                weights[f] = tf.RaggedTensor.from_row_lengths(w, lengths)
+            offsets[f] = tf.constant(
+                np.array(step[f]["offsets"], np.float32)[k * per_replica:(k + 1) * per_replica])
+        return features, weights, offsets
+    return strategy.experimental_distribute_values_from_function(fn)
+
+
+def main():
+    mode, out_path = sys.argv[1], sys.argv[2]
+    opt_name = sys.argv[3] if len(sys.argv) > 3 else "sgd"
+    steps = int(sys.argv[4]) if len(sys.argv) > 4 else 3
+    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu="")
+    tf.config.experimental_connect_to_cluster(resolver)
+    tf.tpu.experimental.initialize_tpu_system(resolver)
+    strategy = tf.distribute.TPUStrategy(resolver)
+    feature = strategy.extended.tpu_hardware_feature
+    n = strategy.num_replicas_in_sync
+    per_replica = GLOBAL_BATCH // n
+    embedding = make_embedding(strategy, opt_name, per_replica)
+    data = inputs(steps)
+    result = {"replicas": n, "embedding_feature": str(feature.embedding_feature),
+              "sparsecores_per_chip": feature.num_embedding_devices_per_chip,
+              "embedding_class": type(embedding).__mro__[1].__module__ + "." +
+                                 type(embedding).__mro__[1].__name__,
+              "stacked": {s: [t.name for t in ts]
+                          for s, ts in embedding._stacked_table_to_tables.items()},  # pylint: disable=protected-access
+              "inputs": data, "initial": logical_tables(embedding), "activations": []}
+
+    @tf.function
+    def train_step(dist, split=False):
+        def fn(features, weights, offsets):
+            if split:  # enqueue (preprocessing on the host) and dequeue (the lookup)
+                activations, preserved = embedding.dequeue(embedding.enqueue(features, weights))
+            else:      # __call__: embedding_lookup, the two in one
+                activations, preserved = embedding(features, weights)
+            grads = {f: activations[f] + offsets[f] for f in FEATURES}
+            embedding.apply_gradients(grads, preserved)
+            return activations
+        return strategy.run(fn, args=dist)
+
+    if mode == "missing":
+        # One replica's lookup alone: the others never come (a clear error, not a hang).
+        @tf.function
+        def alone(features, weights):
+            return embedding(features, weights)
+        dist = distributed(strategy, data[0], per_replica)
+        first = strategy.experimental_local_results(dist[0])[0]
+        first_w = strategy.experimental_local_results(dist[1])[0]
+        try:
+            with tf.device("/device:CPU:0"):
+                alone(first, first_w)
+            result["error"] = None
+        except tf.errors.OpError as e:
+            result["error"] = [type(e).__name__, e.message]
+        # The system goes on: the next step of every replica meets as before.
+        acts = train_step(distributed(strategy, data[0], per_replica))
+        result["next_step"] = np.concatenate(
+            [a.numpy() for a in strategy.experimental_local_results(acts["clicked"])]).tolist()
+        with open(out_path, "w") as f:
+            json.dump(result, f)
+        return
+    if mode == "bad_ids":
+        try:
+            train_step(distributed(strategy, data[0], per_replica, bad_replica=n - 1))
+            result["error"] = None
+        except tf.errors.OpError as e:
+            result["error"] = [type(e).__name__, e.message]
+        acts = train_step(distributed(strategy, data[0], per_replica))
+        result["next_step"] = np.concatenate(
+            [a.numpy() for a in strategy.experimental_local_results(acts["clicked"])]).tolist()
+        with open(out_path, "w") as f:
+            json.dump(result, f)
+        return
+
+    for k, step in enumerate(data):
+        acts = train_step(distributed(strategy, step, per_replica), split=k % 2 == 1)
+        result["activations"].append({
+            f: np.concatenate([a.numpy() for a in strategy.experimental_local_results(acts[f])]
+                              ).tolist() for f in FEATURES})
+    result["final"] = logical_tables(embedding)
+    # TF's two views of the stacked tables: embedding_tables (the sharded
+    # variables, keyed by stacked table) and embedding_table_shards (each
+    # chip's shard read on its device).
+    tables = embedding.embedding_tables
+    result["embedding_tables"] = {name: [list(v.shape) for v in var.values]
+                                  for name, var in tables.items()}
+    result["table_shards"] = {
+        name: [[device, bool(np.array_equal(shard.numpy(), tables[name].values[k].numpy()))]
+               for k, (device, shard) in enumerate(shards)]
+        for name, shards in embedding.embedding_table_shards.items()}
+    if mode == "checkpoint":
+        import tempfile  # pylint: disable=import-outside-toplevel
+        path = tf.train.Checkpoint(embedding=embedding).save(tempfile.mkdtemp() + "/ckpt")
+        result["checkpoint_keys"] = {name: shape for name, shape in
+                                     tf.train.list_variables(path)}
+        reader = tf.train.load_checkpoint(path)
+        result["checkpoint_tables"] = {
+            s: np.array_equal(reader.get_tensor("embedding/%s/.ATTRIBUTES/VARIABLE_VALUE" % s),
+                              tf.concat([v.read_value() for v in var.values], 0).numpy())
+            for s, var in embedding.embedding_tables.items()}
+        fresh = make_embedding(strategy, opt_name, per_replica)
+        result["fresh_before_restore"] = logical_tables(fresh)
+        tf.train.Checkpoint(embedding=fresh).restore(path).assert_consumed()
+        result["restored"] = logical_tables(fresh)
+        # The restored object trains on: one more step on both must agree.
+        more = inputs(steps + 1)[-1]
+        train_step(distributed(strategy, more, per_replica))
+        result["after_more"] = logical_tables(embedding)
+        embedding = fresh
+
+        @tf.function
+        def fresh_step(dist):
+            def fn(features, weights, offsets):
+                activations, preserved = fresh(features, weights)
+                fresh.apply_gradients({f: activations[f] + offsets[f] for f in FEATURES},
+                                      preserved)
+            return strategy.run(fn, args=dist)
+        fresh_step(distributed(strategy, more, per_replica))
+        result["restored_after_more"] = logical_tables(fresh)
+    with open(out_path, "w") as f:
+        json.dump(result, f)
+    print("done", n, opt_name)
+
+
+if __name__ == "__main__":
+    main()

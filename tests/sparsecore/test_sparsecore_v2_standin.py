@@ -1,0 +1,177 @@
+"""TF's own TPUEmbeddingV2 on the stand-in SparseCore TPU
+(``python -m tf_tpu_emb.run --embedding v2``), in child processes
+(sparsecore_v2_script.py): training against the numpy global-batch model
+(sparsecore_v2_model.py) at 1, 2 (and, slow, 4 and 8) replicas for SGD,
+Adagrad, Adam, AdagradMomentum and FTRL; the checkpoint's sharded stacked
+layout and a restore into a fresh object; a replica that never comes and an
+id past the table (errors, not hangs); the runner's and install's options
+(the V1 default unchanged)."""
+import json
+import time
+
+import numpy as np
+import pytest
+
+import harness  # tests/common: the one way to start a child process
+import sparsecore_v2_model
+import sparsecore_v2_script as script
+
+pytestmark = pytest.mark.system
+SCRIPT = harness.script(__file__, "sparsecore_v2_script.py")
+OPTIMIZERS = ["sgd", "adagrad", "adam", "adagrad_momentum", "ftrl"]
+STEPS = 3
+UNSET = ("TF_TPU_EMB_EMBEDDING",)  # the V1 default is what a child gets without it
+
+
+def run_script(tmp_path, replicas, mode, opt="sgd", steps=STEPS, timeout=600):
+    out = tmp_path / ("%s_%s_%d.json" % (mode, opt, replicas))
+    proc = harness.run_python(["-m", "tf_tpu_emb.run", "--embedding", "v2", "--replicas",
+                               str(replicas), SCRIPT, mode, str(out), opt, str(steps)],
+                              timeout=timeout, cwd=str(tmp_path))
+    assert proc.returncode == 0, harness.describe(proc)
+    with open(out) as f:
+        return json.load(f)
+
+
+def model(result, opt):
+    return sparsecore_v2_model.train(result, opt, script.TABLES, script.FEATURES,
+                                     script.HYPER[opt], script.LEARNING_RATES)
+
+
+def assert_close(actual, expected, what):
+    np.testing.assert_allclose(np.array(actual, np.float32), expected, rtol=1e-6, atol=1e-6,
+                               err_msg=what)
+
+
+@pytest.mark.parametrize("replicas", [1, 2, pytest.param(4, marks=pytest.mark.slow),
+                                      pytest.param(8, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("opt", OPTIMIZERS)
+def test_training_equals_the_global_batch_model(tmp_path, opt, replicas):
+    result = run_script(tmp_path, replicas, "train", opt)
+    assert result["replicas"] == replicas
+    assert result["embedding_feature"] == "EmbeddingFeature.V2"
+    assert result["sparsecores_per_chip"] == 4
+    assert result["embedding_class"] == "tensorflow.python.tpu.tpu_embedding_v3.TPUEmbeddingV2"
+    # TF stacked the two width-8 tables with one optimizer; item has its own.
+    assert sorted(result["stacked"].values()) == [["item"], ["user", "video"]]
+    # embedding_tables: TF's stacked tables (keyed by stack), one shard per chip.
+    assert sorted(result["embedding_tables"]) == ["item", "user_video"]
+    assert all(len(shards) == replicas for shards in result["embedding_tables"].values())
+    for name, shards in result["table_shards"].items():
+        assert [device for device, _ in shards] == [
+            "/job:localhost/replica:0/task:0/device:CPU:%d" % k for k in range(replicas)]
+        assert all(same for _, same in shards), (name, shards)
+    tables, activations = model(result, opt)
+    for step, (got, want) in enumerate(zip(result["activations"], activations)):
+        for feature in script.FEATURES:
+            assert_close(got[feature], want[feature], "step %d, %s" % (step, feature))
+    for name in script.TABLES:
+        assert_close(result["final"][name], tables[name], name)
+        # Training moved every table (the comparison above could not pass by standing still).
+        assert np.abs(np.array(result["final"][name]) - result["initial"][name]).max() > 1e-3
+
+
+def test_checkpoint_is_the_sharded_stacked_layout_and_restores(tmp_path):
+    result = run_script(tmp_path, 2, "checkpoint", "adagrad", steps=2)
+    keys = result["checkpoint_keys"]
+    # One variable per stacked table and slot: the shards saved as slices of
+    # the full stacked table [shards * rows per shard, padded width].
+    stacked = {k: v for k, v in keys.items() if k.startswith("embedding/")
+               and k.endswith("/.ATTRIBUTES/VARIABLE_VALUE")}
+    assert "embedding/user_video/.ATTRIBUTES/VARIABLE_VALUE" in stacked
+    assert "embedding/item/.ATTRIBUTES/VARIABLE_VALUE" in stacked
+    # TF's layout (SparseCoreLayoutStacker): 2 chips x 4 SparseCores = 8
+    # shards; each table takes its rows per shard rounded up to 8 (user
+    # 32/8 = 4 -> 8, video 64/8 = 8), widths rounded up to 8 (item 4 -> 8).
+    assert stacked["embedding/user_video/.ATTRIBUTES/VARIABLE_VALUE"] == [8 * (8 + 8), 8]
+    assert stacked["embedding/item/.ATTRIBUTES/VARIABLE_VALUE"] == [8 * 16, 8]
+    assert any("accumulators" in k for k in stacked)
+    assert all(result["checkpoint_tables"].values()), result["checkpoint_tables"]
+    for name in script.TABLES:
+        assert np.abs(np.array(result["fresh_before_restore"][name])
+                      - result["final"][name]).max() > 1e-3
+        assert_close(result["restored"][name], np.array(result["final"][name], np.float32),
+                     name)
+        assert_close(result["restored_after_more"][name],
+                     np.array(result["after_more"][name], np.float32), name)
+
+
+def test_a_replica_that_never_comes_is_an_error_not_a_hang(tmp_path, monkeypatch):
+    monkeypatch.setenv("TF_TPU_EMB_STEP_TIMEOUT_SECONDS", "2")
+    start = time.monotonic()
+    result = run_script(tmp_path, 2, "missing")
+    assert time.monotonic() - start < 120
+    kind, message = result["error"]
+    assert kind == "DeadlineExceededError", result["error"]
+    assert "XlaSparseDenseMatmulWithStaticBufferSize" in message
+    assert "replica(s) 1 of 2 did not arrive within 2 s" in message
+    assert "table '" in message
+    # The failed step leaves the replicas aligned: the next step trains.
+    assert len(result["next_step"]) == script.GLOBAL_BATCH
+
+
+def test_an_id_past_the_table_is_invalid_argument_naming_the_table(tmp_path):
+    result = run_script(tmp_path, 2, "bad_ids")
+    assert result["error"] is not None
+    kind, message = result["error"]
+    assert kind == "InvalidArgumentError", result["error"]
+    assert "(table 'user_video')" in message, message  # the stacked table of `watched`
+    assert "XlaSparseDenseMatmulWithStaticBufferSize" in message, message
+    assert "sorted_token_ids[" in message, message
+    assert len(result["next_step"]) == script.GLOBAL_BATCH
+
+
+def test_install_options_and_the_v1_default(tmp_path):
+    code = """
+import os
+import tensorflow as tf
+from tf_tpu_emb import tpu
+TF_V2 = tf.tpu.experimental.embedding.TPUEmbeddingV2
+system = tpu.install(replicas=2)
+s = tf.distribute.TPUStrategy(tf.distribute.cluster_resolver.TPUClusterResolver(""))
+f = s.extended.tpu_hardware_feature
+print("v1", system.embedding, f.embedding_feature, f.num_embedding_devices_per_chip,
+      hasattr(s.extended, "_tpu_devices"), tf.tpu.experimental.embedding.TPUEmbeddingV2 is TF_V2)
+try:
+    tpu.install(replicas=2, embedding="v2")
+except RuntimeError as e:
+    print("reinstall", "embedding v1" in str(e))
+tpu.uninstall()
+os.environ["TF_TPU_EMB_EMBEDDING"] = "v2"
+system = tpu.install(replicas=2)
+s = tf.distribute.TPUStrategy(tf.distribute.cluster_resolver.TPUClusterResolver(""))
+f = s.extended.tpu_hardware_feature
+print("v2", system.embedding, f.embedding_feature, f.num_embedding_devices_per_chip,
+      s.extended._tpu_devices.shape, tf.tpu.experimental.embedding.TPUEmbeddingV2 is TF_V2,
+      issubclass(tf.tpu.experimental.embedding.TPUEmbeddingV2, TF_V2))
+tpu.uninstall()
+print("restored", tf.tpu.experimental.embedding.TPUEmbeddingV2 is TF_V2)
+try:
+    tpu.install(replicas=2, embedding="v3")
+except ValueError as e:
+    print("bad", "v1, v2" in str(e))
+"""
+    proc = harness.run_python(["-c", code], timeout=300, cwd=str(tmp_path), unset=UNSET)
+    assert proc.returncode == 0, harness.describe(proc)
+    lines = proc.stdout.splitlines()
+    assert "v1 v1 EmbeddingFeature.V1 1 False True" in lines
+    assert "reinstall True" in lines
+    assert "v2 v2 EmbeddingFeature.V2 4 (2, 1) False True" in lines
+    assert "restored True" in lines
+    assert "bad True" in lines
+    prog = tmp_path / "prog.py"
+    prog.write_text("import tensorflow as tf\n"
+                    "s = tf.distribute.TPUStrategy(tf.distribute.cluster_resolver."
+                    "TPUClusterResolver(''))\n"
+                    "print('feature', s.extended.tpu_hardware_feature.embedding_feature)\n")
+    proc = harness.run_python(["-m", "tf_tpu_emb.run", "--embedding=v2", str(prog)],
+                              timeout=300, cwd=str(tmp_path))
+    assert proc.returncode == 0 and "feature EmbeddingFeature.V2" in proc.stdout, \
+        harness.describe(proc)
+    proc = harness.run_python(["-m", "tf_tpu_emb.run", str(prog)], timeout=300,
+                              cwd=str(tmp_path), unset=UNSET)
+    assert proc.returncode == 0 and "feature EmbeddingFeature.V1" in proc.stdout, \
+        harness.describe(proc)
+    proc = harness.run_python(["-m", "tf_tpu_emb.run", "--embedding", "v9", str(prog)],
+                              timeout=300, cwd=str(tmp_path))
+    assert proc.returncode == 2 and "--embedding must be v1 or v2" in proc.stderr

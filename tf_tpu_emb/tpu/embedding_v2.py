@@ -1,0 +1,126 @@
+"""TF's own ``TPUEmbeddingV2`` on the stand-in SparseCore TPU (``install(embedding="v2")``).
+
+``tf.tpu.experimental.embedding.TPUEmbeddingV2`` is TF's class
+(``tensorflow/python/tpu/tpu_embedding_v3.py``): its preprocessing, table
+stacking, variable creation and initialisation, lookup, gradient stacking,
+optimizer dispatch and checkpoint layout all run unchanged, on the op
+library's CPU kernels of TF's SparseCore ops (docs/sparsecore_semantics.md).
+What a TPU gives that class and the stand-in gives otherwise -- the seams,
+every one of them here or named here, each active only while a V2 stand-in
+is installed (``tf_tpu_emb.tpu.uninstall`` restores TF's public names):
+
+1. The strategy (tf_tpu_emb/tpu/strategy.py, "SparseCore systems"):
+   ``strategy.extended._tpu_devices``, the devices array TF reads for
+   variable placement, table initialisation, ``embedding_table_shards`` and
+   the host of the enqueue (replica k is ``/device:CPU:k``); variable
+   creation honours TF's ``skip_mirrored_creator`` (each table shard is a
+   plain variable on its chip's device, as under ``TPUExtended``); and an
+   eager ``strategy.run`` runs as a ``tf.function``, as TF's
+   ``TPUStrategy.run`` does (one step, one function call, whose step the
+   chips' kernels meet in).
+2. ``tpu_hardware_feature`` of the strategy and resolver
+   (tf_tpu_emb/tpu/system.py): embedding feature V2,
+   ``SPARSECORES_PER_CHIP`` per chip.
+3. The SparseCore count and chip count of the kernels: a TPU's kernels read
+   the TPU topology (``num_sparsecores_per_device`` is left at -1 by TF);
+   ours read the system the stand-in publishes through
+   ``TfTpuEmbSetSparseCoreSystem`` (system.py, core/sparsecore.h).  Across
+   chips the replicas' lookup and gradient kernels meet
+   (kernels/sparsecore_rendezvous.h), as a TPU's SparseCores exchange ids
+   and rows.
+4. The replica-local table shard (:class:`TPUEmbeddingShardedVariable`
+   below).  Inside a TPU's replicated program, reading or assigning TF's
+   ``TPUEmbeddingShardedVariable`` reaches the replica's own shard (its
+   ``TPUReplicateContext`` and packed variable); outside one, TF reads shard
+   0 (``_dense_var_to_tensor``), refuses ``read_value`` and assigns through
+   a packed variable.  The stand-in computes as a ``MirroredStrategy``, with
+   no TPU context and no packed variables, so its variables are TF's class
+   re-classed (after TF's own creator made them, no state added) to a
+   subclass whose read and assign, in a replica context of its strategy,
+   reach that replica's component; ``read_from_device`` /
+   ``assign_on_device`` address the component on the device.  Everything
+   else -- the shards (``{name}/{replica}``), the saveables of the sharded
+   stacked layout, ``shape`` -- is TF's.
+5. :class:`TPUEmbeddingV2` is TF's class with one override,
+   ``_variable_creator`` (seam 4); it is bound at
+   ``tf.tpu.experimental.embedding.TPUEmbeddingV2`` (install.py), so
+   ``isinstance`` against TF's class, its errors and its checkpoints are
+   TF's.
+6. ``tpu_replication.outside_compilation``, which TF's enqueue, dequeue and
+   apply_gradients call, needs none: outside a TPU context TF's own
+   function runs the computation as it is (logging a warning in a
+   ``tf.function``).  Outside a ``TPUReplicateContext`` TF's enqueue
+   preprocesses on the host of ``_tpu_devices[0][0]`` (/device:CPU:0), with
+   the system's ``num_replicas_in_sync``, as a TPU host does.
+"""
+from tensorflow.python.distribute import device_util
+from tensorflow.python.distribute import distribute_lib
+from tensorflow.python.distribute import values_util
+from tensorflow.python.framework import ops
+from tensorflow.python.tpu import tpu_embedding_v3
+
+__all__ = ["TPUEmbeddingV2", "TPUEmbeddingShardedVariable"]
+
+
+class TPUEmbeddingShardedVariable(tpu_embedding_v3.TPUEmbeddingShardedVariable):
+    """TF's sharded table variable, whose reads and assigns in a replica
+    context reach the replica's own shard (module doc, seam 4)."""
+
+    def _replica_id(self):
+        """The replica of the enclosing ``strategy.run`` of this variable's
+        strategy, or None (cross-replica or another strategy)."""
+        context = distribute_lib.get_replica_context()
+        if context is None or context.strategy is not self._distribute_strategy:
+            return None
+        return values_util.get_current_replica_id_as_int()
+
+    def _component_on(self, device):
+        want = device_util.canonicalize(device)
+        for value in self._values:
+            if device_util.canonicalize(value.device) == want:
+                return value
+        raise ValueError("TPUEmbeddingShardedVariable %s has no shard on %s (its shards: %s)"
+                         % (self._common_name, device, [v.device for v in self._values]))
+
+    def _dense_var_to_tensor(self, dtype=None, name=None, as_ref=False):
+        replica = self._replica_id()
+        if replica is None:
+            return super()._dense_var_to_tensor(dtype=dtype, name=name, as_ref=as_ref)
+        return self._values[replica].read_value()
+
+    def read_value(self):
+        replica = self._replica_id()
+        if replica is None:
+            return super().read_value()  # TF's NotImplementedError in cross-replica mode
+        return self._values[replica].read_value()
+
+    def assign(self, value, use_locking=False, name=None, read_value=True):
+        replica = self._replica_id()
+        if replica is None:
+            # TF's host path: the value goes to every device's shard.
+            for device in self.distribute_strategy.extended.worker_devices:
+                self.assign_on_device(device, value)
+            return self if read_value else None
+        return self._values[replica].assign(value, use_locking=use_locking, name=name,
+                                            read_value=read_value)
+
+    def assign_on_device(self, device, value):
+        with ops.device(device):
+            self._component_on(device).assign(value)
+
+    def read_from_device(self, device):
+        with ops.device(device):
+            return self._component_on(device).read_value()
+
+
+class TPUEmbeddingV2(tpu_embedding_v3.TPUEmbeddingV2):
+    """``tf.tpu.experimental.embedding.TPUEmbeddingV2`` on the stand-in
+    SparseCore TPU: TF's class; its table variables are
+    :class:`TPUEmbeddingShardedVariable` (module doc, seams 4 and 5)."""
+
+    def _variable_creator(self, next_creator, **kwargs):
+        variable = super()._variable_creator(next_creator, **kwargs)
+        if type(variable) is tpu_embedding_v3.TPUEmbeddingShardedVariable:  # pylint: disable=unidiomatic-typecheck
+            variable.__class__ = TPUEmbeddingShardedVariable
+        return variable
+
