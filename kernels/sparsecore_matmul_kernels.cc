@@ -26,7 +26,10 @@
 #include "core/sparsecore.h"
 #include "kernels/registration.h"
 #include "kernels/sparsecore_chips.h"
+#include "absl/container/flat_hash_map.h"
 #include "tensorflow/core/framework/function.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/tensor.h"
 
 namespace tf_tpu_emb {
@@ -221,12 +224,47 @@ absl::Status CopyToOutput(OpKernelContext* ctx, int index, const Tensor& in, flo
 // every replica's buffers that address it, replicas in order, each buffer
 // in its order, so a touched row gets the summed gradient of the global
 // batch once.
+//
+// kInPlace (ours, "...InPlace", ops/sparsecore_optimizer_ops.cc): the table
+// and slots are resource variables, updated where they are instead of
+// copied into outputs (semantics §10, "In place").  A variable whose buffer
+// is shared with a tensor still alive (an earlier read: a pipelined
+// lookup's) is first copied, TF's copy-on-write rule for resource updates
+// (tensorflow/core/kernels/training_op_helpers.h PrepareToUpdateVariable),
+// so no earlier read sees the update; like TF's sparse apply ops without
+// use_locking, the rows are then written without holding the variable's
+// lock (the program orders the update's readers after it).
 struct GradInput {
   std::vector<CsrId> ids;
   float lr = 0;
+  Tensor state[1 + kMaxSlots];  // the table and slots (buffers shared)
 };
 
-template <Opt kOpt>
+// The resource variable of input `index` as a float32 tensor sharing the
+// variable's buffer, made unique first (copy-on-write, above).
+absl::Status InPlaceState(OpKernelContext* ctx, const std::string& op, int index, Tensor* out) {
+  ::tensorflow::core::RefCountPtr<::tensorflow::Var> var;
+  TF_RETURN_IF_ERROR(
+      ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, index), &var));
+  ::tensorflow::mutex_lock lock(*var->mu());
+  if (!var->is_initialized || var->tensor()->dtype() != ::tensorflow::DT_FLOAT) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        op, ": input ", index, " is not an initialized float32 variable"));
+  }
+  if (!var->tensor()->RefCountIsOne()) {
+    Tensor copy;
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_FLOAT, var->tensor()->shape(), &copy));
+    if (copy.NumElements() > 0) {
+      std::memcpy(copy.flat<float>().data(), var->tensor()->flat<float>().data(),
+                  sizeof(float) * copy.NumElements());
+    }
+    *var->tensor() = copy;
+  }
+  *out = *var->tensor();
+  return absl::OkStatus();
+}
+
+template <Opt kOpt, bool kInPlace>
 class CsrGradOp : public AsyncOpKernel {
  public:
   explicit CsrGradOp(OpKernelConstruction* c) : AsyncOpKernel(c), op_(BareOpName(c)) {
@@ -252,8 +290,15 @@ class CsrGradOp : public AsyncOpKernel {
   static constexpr int kSlots = kOpt == Opt::kSgd ? 0 : kOpt == Opt::kAdagrad ? 1 : 2;
 
   absl::Status Check(OpKernelContext* ctx, GradInput* in) const {
+    for (int k = 0; k <= kSlots; ++k) {
+      if (kInPlace) {
+        TF_RETURN_IF_ERROR(InPlaceState(ctx, op_, 6 + k, &in->state[k]));
+      } else {
+        in->state[k] = ctx->input(6 + k);
+      }
+    }
     const Tensor& grads = ctx->input(4);
-    const Tensor& table = ctx->input(6);
+    const Tensor& table = in->state[0];
     TF_RETURN_IF_ERROR(CheckRank(op_, "activation_gradients", grads, 2));
     TF_RETURN_IF_ERROR(CheckRank(op_, "embedding_table", table, 2));
     const int64_t width = table.dim_size(1), batch = grads.dim_size(0);
@@ -267,56 +312,64 @@ class CsrGradOp : public AsyncOpKernel {
                                        " rows are not divisible by ", num_sc, " sparse cores"));
     }
     for (int s = 0; s < kSlots; ++s) {
-      TF_RETURN_IF_ERROR(CheckSameShape(op_, "a slot variable", ctx->input(7 + s), table));
+      TF_RETURN_IF_ERROR(CheckSameShape(op_, "a slot variable", in->state[1 + s], table));
     }
     TF_RETURN_IF_ERROR(ScalarValue(op_, "learning_rate", ctx->input(5), &in->lr));
     return ReadCsr(op_, ctx, table, ctx->input(7 + kSlots), chips_, batch / num_sc, &in->ids);
   }
 
+  static GradInput* InputOf(ChipArrival& a) { return static_cast<GradInput*>(a.data.get()); }
+
+  // The rows chip c's update touches, in order of first id (replicas in
+  // order, each one's buffer order), and each one's gradient sum.
+  static void RowSums(std::vector<ChipArrival>& a, size_t c, int64_t width,
+                      std::vector<int64_t>* touched, std::vector<float>* sums) {
+    ::absl::flat_hash_map<int64_t, int64_t> slot_of;
+    for (ChipArrival& from : a) {
+      const float* g = from.ctx->input(4).flat<float>().data();
+      for (const CsrId& id : InputOf(from)->ids) {
+        if (id.chip != static_cast<int64_t>(c)) continue;
+        const auto [it, added] = slot_of.try_emplace(id.row, touched->size());
+        if (added) {
+          touched->push_back(id.row);
+          sums->resize(sums->size() + width, 0.0f);
+        }
+        float* sum = sums->data() + it->second * width;
+        const float* grad = g + id.sample * width;
+        for (int64_t d = 0; d < width; ++d) sum[d] += id.gain * grad[d];
+      }
+    }
+  }
+
   static std::vector<absl::Status> Apply(const std::string& op, const SparseCoreOptimizer& opt,
                                          std::vector<ChipArrival>& a) {
     std::vector<const Tensor*> tables;
-    for (ChipArrival& x : a) tables.push_back(&x.ctx->input(6));
+    for (ChipArrival& x : a) tables.push_back(&InputOf(x)->state[0]);
     std::vector<absl::Status> result(a.size(), SameShards(op, tables));
     if (!result[0].ok()) return result;
-    const int64_t rows = tables[0]->dim_size(0), width = tables[0]->dim_size(1);
+    const int64_t width = tables[0]->dim_size(1);
     for (size_t c = 0; c < a.size(); ++c) {
-      // Per touched row of chip c's shard, its gradient sum (replicas in
-      // order, each one's buffer order).
-      std::vector<int64_t> slot_of(rows, -1), touched;
+      std::vector<int64_t> touched;
       std::vector<float> sums;
-      for (ChipArrival& from : a) {
-        const float* g = from.ctx->input(4).flat<float>().data();
-        for (const CsrId& id : static_cast<GradInput*>(from.data.get())->ids) {
-          if (id.chip != static_cast<int64_t>(c)) continue;
-          int64_t& slot = slot_of[id.row];
-          if (slot < 0) {
-            slot = static_cast<int64_t>(touched.size());
-            touched.push_back(id.row);
-            sums.resize(sums.size() + width, 0.0f);
-          }
-          float* sum = sums.data() + slot * width;
-          const float* grad = g + id.sample * width;
-          for (int64_t d = 0; d < width; ++d) sum[d] += id.gain * grad[d];
+      RowSums(a, c, width, &touched, &sums);
+      GradInput* in = InputOf(a[c]);
+      float* w[1 + kMaxSlots] = {};
+      for (int k = 0; k <= kSlots && result[c].ok(); ++k) {
+        if (kInPlace) {
+          w[k] = in->state[k].flat<float>().data();
+        } else {
+          result[c] = CopyToOutput(a[c].ctx, k, in->state[k], &w[k]);
         }
       }
-      OpKernelContext* ctx = a[c].ctx;
-      float* w;
-      float* s[kMaxSlots] = {};
-      result[c] = CopyToOutput(ctx, 0, ctx->input(6), &w);
-      for (int k = 0; k < kSlots && result[c].ok(); ++k) {
-        result[c] = CopyToOutput(ctx, 1 + k, ctx->input(7 + k), &s[k]);
-      }
       if (!result[c].ok()) continue;
-      const float lr = static_cast<GradInput*>(a[c].data.get())->lr;
       for (size_t t = 0; t < touched.size(); ++t) {
         const int64_t off = touched[t] * width;
         RowArgs args{};
-        args.w = w + off;
-        for (int k = 0; k < kSlots; ++k) args.s[k] = s[k] + off;
+        args.w = w[0] + off;
+        for (int k = 0; k < kSlots; ++k) args.s[k] = w[1 + k] + off;
         args.g = sums.data() + t * width;
         args.dim = static_cast<int>(width);
-        args.lr = lr;
+        args.lr = in->lr;
         opt.Update(args, /*clip=*/true);
       }
     }
@@ -577,7 +630,10 @@ void Register(const std::string& bare) {
 template <Opt kOpt>
 void RegisterOptimizer(const char* infix) {
   for (const char* form : {"CsrInput", "StaticBufferSize"}) {
-    Register<CsrGradOp<kOpt>>(absl::StrCat("XlaSparseDenseMatmulGradWith", infix, "And", form));
+    const std::string bare = absl::StrCat("XlaSparseDenseMatmulGradWith", infix, "And", form);
+    Register<CsrGradOp<kOpt, false>>(bare);
+    // Ours only (no TF op of that name).
+    RegisterCpuKernel<CsrGradOp<kOpt, true>>(bare + "InPlace", /*core=*/false);
   }
   Register<StandaloneOp<kOpt>>(absl::StrCat("XlaSparseCore", infix));
 }

@@ -2,7 +2,8 @@
 // declarative table (SparseCoreOptimizers below: each optimizer's slots and
 // hyper-parameters), as ops/tpu_embedding_ops.cc registers the per-table
 // Load/Retrieve ops from the optimizer table:
-//   XlaSparseDenseMatmulGradWith<Opt>And{CsrInput,StaticBufferSize},
+//   XlaSparseDenseMatmulGradWith<Opt>And{CsrInput,StaticBufferSize} (and
+//   ours, their "...InPlace" forms on resource variables),
 //   XlaSparseDenseMatmulCustomCombinerOnTcGradWith<Opt>AndCsrInput,
 //   XlaSparseCore<Opt>,
 // and their user-function siblings (XlaSparseDenseMatmulGradWithCsrInput,
@@ -16,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
@@ -179,21 +181,37 @@ std::vector<int> Range(int begin, int count) {
   return out;
 }
 
-// XlaSparseDenseMatmulGradWith<Opt>And{CsrInput,StaticBufferSize}.
-void RegisterGradOp(const SparseCoreOptimizerDef& o, bool static_buffer) {
+// XlaSparseDenseMatmulGradWith<Opt>And{CsrInput,StaticBufferSize}, and (ours,
+// `in_place`) its in-place form "...InPlace": the same inputs and attrs but
+// the table and its slots as resource variables, updated where they are,
+// and no outputs -- what a TPU's compiler makes of TF's read -> op ->
+// assign by aliasing the table's buffer (the stand-in's seam in
+// tf_tpu_emb/tpu/embedding_v2.py; docs/sparsecore_semantics.md §10).
+void RegisterGradOp(const SparseCoreOptimizerDef& o, bool static_buffer, bool in_place) {
   OpDefBuilderWrapper op(absl::StrCat(kPrefix, "XlaSparseDenseMatmulGradWith", o.name, "And",
-                                      static_buffer ? "StaticBufferSize" : "CsrInput")
+                                      static_buffer ? "StaticBufferSize" : "CsrInput",
+                                      in_place ? "InPlace" : "")
                              .c_str());
   AddCsrBufferInputs(op, /*pos_ids=*/false);
   op.Input("activation_gradients: float32").Input("learning_rate: float32");
-  AddTables(op, o);
+  if (in_place) {
+    op.Input("embedding_table: resource");
+    for (const char* slot : o.slots) op.Input(absl::StrCat(slot, ": resource"));
+    op.SetIsStateful();
+  } else {
+    AddTables(op, o);
+  }
   op.Input("num_minibatches_per_physical_sparse_core: int32");
   AddHyperAndClipAttrs(op, o);
   if (static_buffer) {
     op.Attr("max_ids_per_sparse_core: int >= 1").Attr("max_unique_ids_per_sparse_core: int >= 1");
   }
   AddTableAttrs(op);
-  op.SetShapeFn(OutputsAsInputs(Range(6, 1 + o.slots.size())));
+  if (in_place) {
+    op.SetShapeFn(::tensorflow::shape_inference::NoOutputs);
+  } else {
+    op.SetShapeFn(OutputsAsInputs(Range(6, 1 + o.slots.size())));
+  }
   op();
 }
 
@@ -267,8 +285,9 @@ void RegisterUserOptimizerOps() {
 
 bool RegisterOptimizerOps() {
   for (const SparseCoreOptimizerDef& o : SparseCoreOptimizers()) {
-    RegisterGradOp(o, /*static_buffer=*/false);
-    RegisterGradOp(o, /*static_buffer=*/true);
+    for (bool static_buffer : {false, true}) {
+      for (bool in_place : {false, true}) RegisterGradOp(o, static_buffer, in_place);
+    }
     RegisterCombinerGradOp(o);
     RegisterStandaloneOp(o);
   }

@@ -95,6 +95,16 @@ SPARSECORE_OP_NAMES = (
     "XlaSparseDenseMatmulWithCsrInput", "XlaSparseDenseMatmulWithStaticBufferSize",
 )
 
+#: Ours, not TF's: the in-place forms of the SparseCore gradient ops
+#: (``TfTpuEmb>XlaSparseDenseMatmulGradWith<Opt>And<Form>InPlace``: the table
+#: and slots as resource variables, updated where they are; no outputs).  The
+#: stand-in SparseCore TPU uses them for TF's read -> gradient op -> assign
+#: (tf_tpu_emb/tpu/embedding_v2.py, docs/sparsecore_semantics.md §10).
+SPARSECORE_IN_PLACE_OP_NAMES = tuple(
+    "XlaSparseDenseMatmulGradWith%sAnd%sInPlace" % (o, f)
+    for o in ("Sgd", "Adagrad", "AdagradMomentum", "Adam", "Ftrl")
+    for f in ("CsrInput", "StaticBufferSize"))
+
 #: The SparseCore ops with CPU kernels (under both names; docs/sparsecore_semantics.md).
 SPARSECORE_KERNEL_OP_NAMES = (
     "ConvertToCooTensor", "ConvertToListOfSparseCoreCooTensors",
@@ -125,6 +135,14 @@ for _bare, _full in OP_NAMES.items():
 def _gen(bare_name):
     """The generated wrapper of the library for op `bare_name`."""
     return getattr(_loader.load_library(), "tf_tpu_emb_" + _snake(bare_name))
+
+
+def raw_op(bare_name):
+    """The generated wrapper (keyword arguments: the op def's inputs and
+    attrs) of ``TfTpuEmb>`` + ``bare_name``, for ops without a function here
+    (the SparseCore family: ``SPARSECORE_OP_NAMES``,
+    ``SPARSECORE_IN_PLACE_OP_NAMES``)."""
+    return _gen(bare_name)
 
 
 # ------------------------------------------------------------------ data path

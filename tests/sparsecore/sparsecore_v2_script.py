@@ -219,6 +219,14 @@ def main():
             f: np.concatenate([a.numpy() for a in strategy.experimental_local_results(acts[f])]
                               ).tolist() for f in FEATURES})
     result["final"] = logical_tables(embedding)
+    # The stand-in's seam 7 (tf_tpu_emb/tpu/embedding_v2.py): per traced
+    # step, the in-place updates and TF's gradient ops still feeding anything.
+    graphs = [f.graph for f in train_step._list_all_concrete_functions()]  # pylint: disable=protected-access
+    result["in_place_ops"] = [sum(op.type.endswith("InPlace") for op in g.get_operations())
+                              for g in graphs]
+    result["used_grad_ops"] = [sum(op.type.startswith("XlaSparseDenseMatmulGradWith")
+                                   and any(t.consumers() for t in op.outputs)
+                                   for op in g.get_operations()) for g in graphs]
     # TF's two views of the stacked tables: embedding_tables (the sharded
     # variables, keyed by stacked table) and embedding_table_shards (each
     # chip's shard read on its device).

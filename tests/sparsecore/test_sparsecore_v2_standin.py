@@ -71,6 +71,28 @@ def test_training_equals_the_global_batch_model(tmp_path, opt, replicas):
         assert np.abs(np.array(result["final"][name]) - result["initial"][name]).max() > 1e-3
 
 
+@pytest.mark.parametrize("opt", ["sgd", "adam"])
+def test_in_place_update_equals_tfs_functional_path(tmp_path, monkeypatch, opt):
+    """Seam 7 (tf_tpu_emb/tpu/embedding_v2.py): in a traced step every
+    gradient op's table and slots are updated in place (one InPlace op per
+    stacked table and replica, TF's functional op left without consumers);
+    with TF_TPU_EMB_V2_IN_PLACE=0 TF's functional path runs as written; both
+    equal the numpy global-batch model."""
+    fast = run_script(tmp_path, 2, "train", opt)
+    assert fast["in_place_ops"] == [2 * 2, 2 * 2]  # 2 stacked tables x 2 replicas, 2 traces
+    assert fast["used_grad_ops"] == [0, 0]
+    monkeypatch.setenv("TF_TPU_EMB_V2_IN_PLACE", "0")
+    slow = run_script(tmp_path, 2, "train", opt)
+    assert slow["in_place_ops"] == [0, 0] and slow["used_grad_ops"] == [4, 4]
+    for result in (fast, slow):
+        tables, activations = model(result, opt)
+        for step, (got, want) in enumerate(zip(result["activations"], activations)):
+            for feature in script.FEATURES:
+                assert_close(got[feature], want[feature], "step %d, %s" % (step, feature))
+        for name in script.TABLES:
+            assert_close(result["final"][name], tables[name], name)
+
+
 def test_checkpoint_is_the_sharded_stacked_layout_and_restores(tmp_path):
     result = run_script(tmp_path, 2, "checkpoint", "adagrad", steps=2)
     keys = result["checkpoint_keys"]

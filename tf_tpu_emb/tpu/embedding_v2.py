@@ -52,14 +52,90 @@ is installed (``tf_tpu_emb.tpu.uninstall`` restores TF's public names):
    ``tf.function``).  Outside a ``TPUReplicateContext`` TF's enqueue
    preprocesses on the host of ``_tpu_devices[0][0]`` (/device:CPU:0), with
    the system's ``num_replicas_in_sync``, as a TPU host does.
+7. **In place** (:func:`_in_place_update`).  TF's ``apply_gradients`` reads
+   the table and its slots, runs ``XlaSparseDenseMatmulGradWith<Opt>And...``
+   (a function: the updated table and slots are new tensors) and assigns the
+   results back.  A TPU's compiler aliases those buffers, so the step costs
+   the touched rows; run as written on CPU it copies every table and slot
+   every step (benchmarks/bench_sparsecore.py: 17x the V1 step at 1M rows).
+   In a ``tf.function`` the stand-in's assign therefore replaces that
+   read -> op -> assign by our ``...InPlace`` op on the same inputs with the
+   variables themselves (ops/sparsecore_optimizer_ops.cc), which updates
+   the touched rows where they are -- after copying a buffer an earlier
+   read still holds (TF's copy-on-write rule), so nothing read before the
+   update sees it -- and the functional op, left without consumers, is
+   pruned.  The result is the functional op's, bit for bit
+   (tests/sparsecore/test_sparsecore_v2_standin.py).  Eagerly (no graph to
+   rewrite), or with ``TF_TPU_EMB_V2_IN_PLACE=0``, TF's path runs as written.
 """
+import os
+import weakref
 from tensorflow.python.distribute import device_util
 from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.distribute import values_util
 from tensorflow.python.framework import ops
 from tensorflow.python.tpu import tpu_embedding_v3
 
+from tf_tpu_emb import ops as tte_ops
+
 __all__ = ["TPUEmbeddingV2", "TPUEmbeddingShardedVariable"]
+
+# TF's gradient+optimizer op -> our in-place form of it (seam 7).
+_IN_PLACE = {name[:-len("InPlace")]: name for name in tte_ops.SPARSECORE_IN_PLACE_OP_NAMES}
+_TABLES_AT = 6  # input index of embedding_table; the slots follow (TF's op defs)
+# graph -> {gradient op name: its in-place op, or None where it cannot be one}
+_rewritten = weakref.WeakKeyDictionary()
+
+
+def _in_place_enabled():
+    return os.environ.get("TF_TPU_EMB_V2_IN_PLACE", "1") != "0"
+
+
+def _captured_as(graph, tensor):
+    """The tensor outside ``graph`` that ``graph`` captured as ``tensor``
+    (``tensor`` itself when it is not a capture)."""
+    for external, internal in getattr(graph, "captures", ()):
+        if internal is tensor:
+            return external
+    return tensor
+
+
+def _variable_read(tensor):
+    """The ReadVariableOp behind ``tensor`` (through the Identity ops of
+    ``ResourceVariable.read_value``), or None."""
+    while tensor.op.type == "Identity":
+        tensor = tensor.op.inputs[0]
+    return tensor.op if tensor.op.type == "ReadVariableOp" else None
+
+
+def _in_place_update(component, value):
+    """Seam 7: when ``value`` is output k of one of TF's SparseCore gradient
+    ops whose input k is a read of ``component``, the in-place op that
+    updates that op's table and slots (made once per gradient op), else None
+    (the caller assigns ``value`` as it is)."""
+    if not _in_place_enabled() or not hasattr(value, "op") or not hasattr(value, "graph"):
+        return None  # eager: the values exist already
+    op = value.op
+    bare = op.type[len(tte_ops.PREFIX):] if op.type.startswith(tte_ops.PREFIX) else op.type
+    if bare not in _IN_PLACE:
+        return None
+    graph = op.graph
+    done = _rewritten.setdefault(graph, {})
+    reads = [_variable_read(t) for t in op.inputs[_TABLES_AT:_TABLES_AT + len(op.outputs)]]
+    mine = reads[value.value_index]
+    if mine is None or _captured_as(graph, mine.inputs[0]) is not component.handle:
+        return None
+    if op.name not in done:
+        done[op.name] = None
+        if all(r is not None for r in reads):
+            inputs = list(op.inputs)
+            inputs[_TABLES_AT:_TABLES_AT + len(reads)] = [r.inputs[0] for r in reads]
+            kwargs = {arg.name: t for arg, t in zip(op.op_def.input_arg, inputs)}
+            kwargs.update({name: op.get_attr(name) for name in op.node_def.attr})
+            with ops.device(op.device):
+                done[op.name] = tte_ops.raw_op(_IN_PLACE[bare])(
+                    name=op.name.rsplit("/", 1)[-1] + "InPlace", **kwargs)
+    return done[op.name]
 
 
 class TPUEmbeddingShardedVariable(tpu_embedding_v3.TPUEmbeddingShardedVariable):
@@ -101,8 +177,15 @@ class TPUEmbeddingShardedVariable(tpu_embedding_v3.TPUEmbeddingShardedVariable):
             for device in self.distribute_strategy.extended.worker_devices:
                 self.assign_on_device(device, value)
             return self if read_value else None
-        return self._values[replica].assign(value, use_locking=use_locking, name=name,
-                                            read_value=read_value)
+        component = self._values[replica]
+        update = _in_place_update(component, value)
+        if update is None:
+            return component.assign(value, use_locking=use_locking, name=name,
+                                    read_value=read_value)
+        if not read_value:
+            return update
+        with ops.control_dependencies([update]):
+            return component.read_value()
 
     def assign_on_device(self, device, value):
         with ops.device(device):
