@@ -81,6 +81,16 @@ class ChipRendezvous {
 
   void Arrive(const std::string& op, const std::string& table, int64_t generation,
               int64_t replica, int64_t replicas, ChipArrival arrival, Work work) {
+    // The step timeout, as the engine's waits read it (a bad value is every
+    // replica's InvalidArgument, as it is the engine's).
+    const absl::StatusOr<double> timeout = StepBarrier<int>::TimeoutFromEnvironment();
+    if (!timeout.ok()) {
+      arrival.ctx->SetStatus(absl::Status(
+          timeout.status().code(), absl::StrCat(op, " (table '", table, "'): ",
+                                                timeout.status().message())));
+      arrival.done();
+      return;
+    }
     // Inside a function every replica's kernel runs under the call's step
     // id; an eager op has a step of its own (module doc).
     const bool in_function = arrival.ctx->call_frame() != nullptr;
@@ -117,8 +127,7 @@ class ChipRendezvous {
         slot->call = call;
         slot->arrivals.resize(replicas);
         slot->present.assign(replicas, false);
-        absl::StatusOr<double> timeout = StepBarrier<int>::TimeoutFromEnvironment();
-        const double seconds = timeout.ok() ? *timeout : StepBarrier<int>::kDefaultTimeoutSeconds;
+        const double seconds = *timeout;
         slot->timeout_seconds = seconds;
         auto deadline = DeadlineTimer::Clock::now() +
                         std::chrono::duration_cast<DeadlineTimer::Clock::duration>(

@@ -146,6 +146,16 @@ def distributed(strategy, step, per_replica, with_offsets=True, bad_replica=None
     return strategy.experimental_distribute_values_from_function(fn)
 
 
+def next_step(result, strategy, train_step, dist):
+    """A whole step after a failed one: its activations of ``clicked``, or its error."""
+    try:
+        acts = train_step(dist)
+        result["next_step"] = np.concatenate(
+            [a.numpy() for a in strategy.experimental_local_results(acts["clicked"])]).tolist()
+    except tf.errors.OpError as e:
+        result["next_step"] = [type(e).__name__, e.message]
+
+
 def main():
     mode, out_path = sys.argv[1], sys.argv[2]
     opt_name = sys.argv[3] if len(sys.argv) > 3 else "sgd"
@@ -194,9 +204,7 @@ def main():
         except tf.errors.OpError as e:
             result["error"] = [type(e).__name__, e.message]
         # The system goes on: the next step of every replica meets as before.
-        acts = train_step(distributed(strategy, data[0], per_replica))
-        result["next_step"] = np.concatenate(
-            [a.numpy() for a in strategy.experimental_local_results(acts["clicked"])]).tolist()
+        next_step(result, strategy, train_step, distributed(strategy, data[0], per_replica))
         with open(out_path, "w") as f:
             json.dump(result, f)
         return
@@ -206,9 +214,7 @@ def main():
             result["error"] = None
         except tf.errors.OpError as e:
             result["error"] = [type(e).__name__, e.message]
-        acts = train_step(distributed(strategy, data[0], per_replica))
-        result["next_step"] = np.concatenate(
-            [a.numpy() for a in strategy.experimental_local_results(acts["clicked"])]).tolist()
+        next_step(result, strategy, train_step, distributed(strategy, data[0], per_replica))
         with open(out_path, "w") as f:
             json.dump(result, f)
         return

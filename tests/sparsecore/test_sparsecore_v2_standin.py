@@ -132,6 +132,15 @@ def test_a_replica_that_never_comes_is_an_error_not_a_hang(tmp_path, monkeypatch
     assert len(result["next_step"]) == script.GLOBAL_BATCH
 
 
+def test_a_bad_step_timeout_is_invalid_argument(tmp_path, monkeypatch):
+    monkeypatch.setenv("TF_TPU_EMB_STEP_TIMEOUT_SECONDS", "soon")
+    result = run_script(tmp_path, 2, "missing")
+    kind, message = result["error"]
+    assert kind == "InvalidArgumentError", result["error"]
+    assert "TF_TPU_EMB_STEP_TIMEOUT_SECONDS must be a number of seconds" in message
+    assert result["next_step"][0] == "InvalidArgumentError"  # every step, at once
+
+
 def test_an_id_past_the_table_is_invalid_argument_naming_the_table(tmp_path):
     result = run_script(tmp_path, 2, "bad_ids")
     assert result["error"] is not None
