@@ -15,9 +15,12 @@ sum), the loss sum_t reduce_sum(act_t * c_t) of bench_train.py, Adagrad
       SortListOfSparseCoreCooTensors per SparseCore,
       ConvertToSparseCoreCsrWrappedCooTensor, XlaSparseDenseMatmulWithStaticBufferSize
       on the table variable, the gradient, then
-      XlaSparseDenseMatmulGradWithAdagradAndStaticBufferSize and the assign of
-      its outputs to the table and accumulator variables (what
-      TPUEmbeddingV2.apply_gradients does).
+      XlaSparseDenseMatmulGradWithAdagradAndStaticBufferSize on the table and
+      accumulator variables: in place, as the stand-in SparseCore TPU runs
+      TPUEmbeddingV2.apply_gradients' read -> op -> assign
+      (tf_tpu_emb/tpu/embedding_v2.py seam 7: our ...InPlace op), or with
+      --functional as TF wrote it (the op's outputs assigned back: a copy of
+      every table and slot per step).
 
 Before timing, both run one step from the same values and must agree (the
 V2 tables read back through the SparseCore layout of §5); a mismatch exits
@@ -50,6 +53,8 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--num-sc", type=int, default=NUM_SC, help="SparseCores per chip (4)")
+    p.add_argument("--functional", action="store_true",
+                   help="V2 updates as TF wrote them (outputs assigned back), not in place")
     bl.add_workload_args(p)
     bl.add_timing_args(p, FULL, QUICK)
     bl.add_thread_args(p)
@@ -80,7 +85,7 @@ def from_sc_layout(values, num_sc):
 class V2Side:
     """TPUEmbeddingV2's per-step ops for one chip on tf.Variable tables."""
 
-    def __init__(self, tf, a, c, inputs):
+    def __init__(self, tf, tf_tpu_emb, a, c, inputs):
         self.tf, self.a, self.inputs = tf, a, inputs
         s, raw, dim = a.num_sc, tf.raw_ops, a.dim
         per_sc = a.batch // s
@@ -116,6 +121,7 @@ class V2Side:
                 feature_width=dim, table_name=name, allow_id_dropping=False)
             return out[:4], out[6]
 
+        in_place = tf_tpu_emb.ops.raw_op("XlaSparseDenseMatmulGradWithAdagradAndStaticBufferSizeInPlace")
         buffers = dict(max_ids_per_sparse_core=max_ids, max_unique_ids_per_sparse_core=max_ids,
                        num_sparsecores_per_device=s)
 
@@ -130,7 +136,19 @@ class V2Side:
             with tf.GradientTape() as tape:
                 tape.watch(act)
                 loss = tf.reduce_sum(act * c[t])
-            grad = tape.gradient(loss, act)
+            # The update after the lookup, as in a model whose gradient needs
+            # the activations (this loss's does not: without the edge the
+            # in-place update could run first and copy the table the lookup
+            # still reads, TF's copy-on-write rule).
+            with tf.control_dependencies([act]):
+                grad = tf.identity(tape.gradient(loss, act))
+            if not a.functional:
+                in_place(row_pointers=rp, sorted_sample_ids=sid, sorted_token_ids=tid,
+                         sorted_gains=gn, activation_gradients=grad, learning_rate=lr,
+                         embedding_table=table.handle, accumulator=acc.handle,
+                         num_minibatches_per_physical_sparse_core=m,
+                         table_name="table_%d" % t, **buffers)
+                return loss
             new_table, new_acc = raw.XlaSparseDenseMatmulGradWithAdagradAndStaticBufferSize(
                 row_pointers=rp, sorted_sample_ids=sid, sorted_token_ids=tid, sorted_gains=gn,
                 activation_gradients=grad, learning_rate=lr, embedding_table=table.read_value(),
@@ -191,8 +209,8 @@ def main(argv=None):
     tf, tf_tpu_emb = bl.setup_tf(a)
     a.dims = [a.dim]
     print("=" * 78)
-    print("SparseCore (TPUEmbeddingV2 ops, one chip of %d SparseCores) vs the V1 engine: "
-          "one Adagrad step" % a.num_sc)
+    print("SparseCore (TPUEmbeddingV2 ops, one chip of %d SparseCores, update %s) vs the V1 "
+          "engine: one Adagrad step" % (a.num_sc, "functional" if a.functional else "in place"))
     print("=" * 78)
     bl.print_environment(tf, tf_tpu_emb, a)
     print("workload        %d tables x %s rows x dim %d, batch %d, %d ids/sample, Zipf(%.2f)"
@@ -204,7 +222,7 @@ def main(argv=None):
     try:
         v1 = bt.Ours(tf, a, cfg, c, inputs)
         v1.load(a.dim)
-        v2 = V2Side(tf, a, c, inputs)
+        v2 = V2Side(tf, tf_tpu_emb, a, c, inputs)
         if not check_step(v1, v2, a):
             return 1
         nb = a.num_batches

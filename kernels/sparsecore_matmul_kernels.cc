@@ -22,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/cpu_dispatch.h"
 #include "core/optimizers.h"
 #include "core/sparsecore.h"
 #include "kernels/registration.h"
@@ -150,7 +151,7 @@ struct SparseCoreOptimizer {
   float clip_min = -std::numeric_limits<float>::infinity();
   float clip_max = std::numeric_limits<float>::infinity();
 
-  void Update(const RowArgs& a, bool clip) const {
+  TF_TPU_EMB_INLINE_INTO_CLONES void Update(const RowArgs& a, bool clip) const {
     switch (opt) {
       case Opt::kSgd: opt::StochasticGradientDescent(a, {}); break;
       case Opt::kAdagrad: opt::Adagrad(a, {}); break;
@@ -162,6 +163,34 @@ struct SparseCoreOptimizer {
     for (int d = 0; d < a.dim; ++d) a.w[d] = std::min(std::max(a.w[d], clip_min), clip_max);
   }
 };
+
+// The optimizer on touched rows [begin, end) of a chip's shard: row
+// touched[t] of the table `w[0]` and its slots `w[1..slots]`, with the
+// gradient sums[t * width ...], then the clipping.  Carries the CPU
+// dispatch of core/cpu_dispatch.h (Update is inlined into each clone), as
+// the engine's ApplyPartition does; the rows ahead are prefetched.
+TF_TPU_EMB_CPU_DISPATCH
+void UpdateRows(const SparseCoreOptimizer& opt, float* const* w, int slots,
+                const int64_t* touched, const float* sums, int64_t width, float lr,
+                int64_t begin, int64_t end) {
+  constexpr int64_t kAhead = 4;
+  for (int64_t t = begin; t < end; ++t) {
+    if (t + kAhead < end) {
+      const int64_t ahead = touched[t + kAhead] * width;
+      for (int k = 0; k <= slots; ++k) {
+        for (int64_t b = 0; b < width; b += 16) __builtin_prefetch(w[k] + ahead + b, 1);
+      }
+    }
+    const int64_t off = touched[t] * width;
+    RowArgs args{};
+    args.w = w[0] + off;
+    for (int k = 0; k < slots; ++k) args.s[k] = w[1 + k] + off;
+    args.g = sums + t * width;
+    args.dim = static_cast<int>(width);
+    args.lr = lr;
+    opt.Update(args, /*clip=*/true);
+  }
+}
 
 // The gradient ops' hyper-parameter attrs (TF's names; beta1 is the
 // AdagradMomentum momentum, semantics §6).
@@ -321,10 +350,12 @@ class CsrGradOp : public AsyncOpKernel {
   static GradInput* InputOf(ChipArrival& a) { return static_cast<GradInput*>(a.data.get()); }
 
   // The rows chip c's update touches, in order of first id (replicas in
-  // order, each one's buffer order), and each one's gradient sum.
+  // order, each one's buffer order), and each one's gradient sum.  The map
+  // is the thread's, kept between calls and emptied key by key, so a step
+  // allocates (and page-faults) nothing once its sizes were seen.
   static void RowSums(std::vector<ChipArrival>& a, size_t c, int64_t width,
                       std::vector<int64_t>* touched, std::vector<float>* sums) {
-    ::absl::flat_hash_map<int64_t, int64_t> slot_of;
+    thread_local ::absl::flat_hash_map<int64_t, int64_t> slot_of;
     for (ChipArrival& from : a) {
       const float* g = from.ctx->input(4).flat<float>().data();
       for (const CsrId& id : InputOf(from)->ids) {
@@ -339,6 +370,7 @@ class CsrGradOp : public AsyncOpKernel {
         for (int64_t d = 0; d < width; ++d) sum[d] += id.gain * grad[d];
       }
     }
+    for (const int64_t row : *touched) slot_of.erase(row);
   }
 
   static std::vector<absl::Status> Apply(const std::string& op, const SparseCoreOptimizer& opt,
@@ -348,9 +380,11 @@ class CsrGradOp : public AsyncOpKernel {
     std::vector<absl::Status> result(a.size(), SameShards(op, tables));
     if (!result[0].ok()) return result;
     const int64_t width = tables[0]->dim_size(1);
+    thread_local std::vector<int64_t> touched;  // the thread's, as RowSums' map
+    thread_local std::vector<float> sums;
     for (size_t c = 0; c < a.size(); ++c) {
-      std::vector<int64_t> touched;
-      std::vector<float> sums;
+      touched.clear();
+      sums.clear();
       RowSums(a, c, width, &touched, &sums);
       GradInput* in = InputOf(a[c]);
       float* w[1 + kMaxSlots] = {};
@@ -362,15 +396,21 @@ class CsrGradOp : public AsyncOpKernel {
         }
       }
       if (!result[c].ok()) continue;
-      for (size_t t = 0; t < touched.size(); ++t) {
-        const int64_t off = touched[t] * width;
-        RowArgs args{};
-        args.w = w[0] + off;
-        for (int k = 0; k < kSlots; ++k) args.s[k] = w[1 + k] + off;
-        args.g = sums.data() + t * width;
-        args.dim = static_cast<int>(width);
-        args.lr = in->lr;
-        opt.Update(args, /*clip=*/true);
+      // Touched rows are distinct: the intra-op threads update disjoint rows.
+      const float lr = in->lr;
+      const int64_t* rows = touched.data();
+      const float* row_sums = sums.data();
+      CpuPool(a[c].ctx)->ParallelFor(
+          static_cast<int64_t>(touched.size()), (kSlots + 1) * width * 8,
+          [&](int64_t begin, int64_t end) {
+            UpdateRows(opt, w, kSlots, rows, row_sums, width, lr, begin, end);
+          });
+    }
+    if (kInPlace) {
+      // Let go of the variables' buffers before any replica's `done`: the
+      // next step's update must find them unshared (no copy-on-write).
+      for (ChipArrival& x : a) {
+        for (Tensor& t : InputOf(x)->state) t = Tensor();
       }
     }
     return result;
