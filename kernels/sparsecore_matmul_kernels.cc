@@ -74,6 +74,23 @@ struct LookupInput {
   std::vector<CsrId> ids;
 };
 
+// Activations of samples [first, last): zeroed, then each id of a sample in
+// that range adds gain * its row (buffer order).  Carries the CPU dispatch
+// of core/cpu_dispatch.h.
+TF_TPU_EMB_CPU_DISPATCH
+void GatherIds(const CsrId* ids, int64_t n, const float* const* shards, int64_t width,
+               float* act, int64_t first, int64_t last) {
+  std::fill(act + first * width, act + last * width, 0.0f);
+  for (int64_t i = 0; i < n; ++i) {
+    const CsrId& id = ids[i];
+    if (id.sample < first || id.sample >= last) continue;
+    float* dst = act + id.sample * width;
+    const float* row = shards[id.chip] + id.row * width;
+    const float gain = id.gain;
+    for (int64_t d = 0; d < width; ++d) dst[d] += gain * row[d];
+  }
+}
+
 class CsrLookupOp : public AsyncOpKernel {
  public:
   explicit CsrLookupOp(OpKernelConstruction* c) : AsyncOpKernel(c), op_(BareOpName(c)) {
@@ -115,17 +132,28 @@ class CsrLookupOp : public AsyncOpKernel {
                  std::vector<absl::Status> result(a.size(), SameShards(op, tables));
                  if (!result[0].ok()) return result;
                  const int64_t width = tables[0]->dim_size(1);
+                 std::vector<const float*> shards;
+                 for (const Tensor* t : tables) shards.push_back(t->flat<float>().data());
                  for (size_t k = 0; k < a.size(); ++k) {
                    Tensor* out;
                    result[k] = a[k].ctx->allocate_output(0, TensorShape({input_size, width}), &out);
                    if (!result[k].ok()) continue;
                    float* act = out->flat<float>().data();
-                   std::fill_n(act, input_size * width, 0.0f);
-                   for (const CsrId& id : static_cast<LookupInput*>(a[k].data.get())->ids) {
-                     float* dst = act + id.sample * width;
-                     const float* row = tables[id.chip]->flat<float>().data() + id.row * width;
-                     for (int64_t d = 0; d < width; ++d) dst[d] += id.gain * row[d];
-                   }
+                   const std::vector<CsrId>& ids = static_cast<LookupInput*>(a[k].data.get())->ids;
+                   // One part of the samples per intra-op thread; each part
+                   // adds its samples' ids in buffer order (the result does
+                   // not depend on the thread count).
+                   ::tsl::thread::ThreadPool* pool = CpuPool(a[k].ctx);
+                   const int64_t parts = std::max<int64_t>(
+                       1, std::min<int64_t>(pool->NumThreads(), input_size));
+                   const int64_t cost = static_cast<int64_t>(ids.size()) * width * 4;
+                   pool->ParallelFor(parts, cost, [&](int64_t begin, int64_t end) {
+                     for (int64_t p = begin; p < end; ++p) {
+                       GatherIds(ids.data(), static_cast<int64_t>(ids.size()), shards.data(),
+                                 width, act, input_size * p / parts,
+                                 input_size * (p + 1) / parts);
+                     }
+                   });
                  }
                  return result;
                });
