@@ -22,6 +22,14 @@ The protocol (issue 31):
   network costs no CPU) and its ``0`` delay at unlimited rate (``--delays-us
   0`` with ``--rate-gbit 0``) measures what the relay itself adds.
 
+``--pipeline off,on``: both sides built with that
+``pipeline_execution_with_tensor_core`` (interleaved; the hosts' side then
+overlaps step k's update with step k+1's lookup traffic, engine/engine.h
+``deferred_``; the first step must still equal the local side's, which runs
+the same rule).  ``--pss`` (direct network): per round also
+``pss_side.py``, ParameterServerStrategy with its parameter servers on
+``--host-cpus`` and its coordinator and worker on ``--worker-cpus``.
+
 The step is ``bench_cluster.py``'s (the mid-level API: enqueue, dequeue,
 apply_gradients of a fixed activation gradient; Adagrad, combiner mean,
 ragged Zipf bags; the same tables).  Per round and network setting the
@@ -35,7 +43,7 @@ The table gives medians over rounds; overhead = hosts / local of the same
 round.  The first step of the hosts side must equal the local one's (rtol
 1e-5), else exit status 1.
 
-    .venv/bin/python benchmarks/bench_pinned.py --net direct
+    .venv/bin/python benchmarks/bench_pinned.py --net direct --pss
     .venv/bin/python benchmarks/bench_pinned.py --net relay --delays-us 50,500 --rate-gbit 10
     .venv/bin/python benchmarks/bench_pinned.py --quick        # smoke run
 """
@@ -80,6 +88,10 @@ def parse_args(argv):
     for k, v in dict(tables=8, vocab=100_000, dim=32, batch=1024, hot=10).items():
         p.add_argument("--" + k, type=int, default=v)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--pss", action="store_true",
+                   help="per round, also ParameterServerStrategy (pss_side.py) on --hosts "
+                        "parameter servers pinned to --host-cpus, its coordinator and worker "
+                        "to --worker-cpus; direct network only")
     p.add_argument("--quick", action="store_true",
                    help="tiny smoke run (small tables and batch, 1 round, 1 block of 3 calls)")
     args = p.parse_args(argv)
@@ -93,6 +105,8 @@ def parse_args(argv):
     args.delays_us = ([float(s) for s in args.delays_us.split(",") if s]
                       if args.net == "relay" else [None])
     args.relay_cpus = args.relay_cpus or args.host_cpus
+    if args.pss and args.net != "direct":
+        p.error("--pss runs with --net direct only (its tasks do not go through the relay)")
     if set(cpu_list(args.worker_cpus)) & set(cpu_list(args.host_cpus)):
         p.error("--worker-cpus and --host-cpus must be disjoint")
     return args
@@ -141,6 +155,25 @@ class Relay:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def pss_round(args):
+    """pss_side.py under this protocol: ({steps per call: seconds per step},
+    {steps per call: CPU seconds per step over its processes})."""
+    cmd = ["taskset", "-c", args.worker_cpus, sys.executable, os.path.join(HERE, "pss_side.py"),
+           "--hosts", str(args.hosts), "--steps-per-call", ",".join(map(str, args.steps_per_call)),
+           "--blocks", str(args.blocks), "--steps", str(args.steps), "--warmup", str(args.warmup),
+           "--seed", str(args.seed), "--worker-cpus", args.worker_cpus, "--ps-cpus", args.host_cpus]
+    for k in ("tables", "vocab", "dim", "batch", "hot"):
+        cmd += ["--" + k, str(getattr(args, k))]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    if result.returncode != 0 or not lines:
+        raise RuntimeError("pss_side.py failed (%s):\n%s" % (
+            result.returncode, (result.stdout + result.stderr)[-3000:]))
+    out = json.loads(lines[-1])
+    return ({int(k): v for k, v in out["steps_per_call"].items()},
+            {int(k): v for k, v in out["cpu_per_step"].items()})
 
 
 def main(argv=None):
@@ -207,6 +240,7 @@ def main(argv=None):
         hosts.connect()
         side_pids = {"local": [os.getpid()], "hosts": [os.getpid()] + [p.pid for p in procs]}
         results = {}  # (delay, pipeline, steps) -> list of per-round dicts
+        pss_rows = []  # per round: ({steps: seconds per step}, {steps: CPU s per step})
         failed = False
         for r, delay, pipe in ((r, d, m) for r in range(args.rounds) for d in args.delays_us
                                for m in args.pipeline):
@@ -268,6 +302,11 @@ def main(argv=None):
             finally:
                 clustered.shutdown()
                 local.shutdown()
+            if args.pss and pipe == args.pipeline[-1]:
+                pss_rows.append(pss_round(args))
+                print("round %d, PSS: %s ms" % (r, ", ".join(
+                    "%d/call %.2f" % (k, v * 1e3) for k, v in pss_rows[-1][0].items())),
+                    flush=True)
         print("\nmedians over %d rounds (load %s)" % (
             args.rounds, " ".join("%.2f" % x for x in os.getloadavg())))
         print("%-10s %4s %5s %9s %9s %9s %9s %8s %9s %9s %7s %9s %9s %8s" % (
@@ -284,6 +323,24 @@ def main(argv=None):
                 format(int(args.batch / med["hosts"]), ","), ratio, med["cpu_local"] * 1e3,
                 med["cpu_hosts"] * 1e3, cpu_x, med["bytes"] / 1e6, med["relay_cpu"] * 1e3,
                 med["late_us"]))
+        if pss_rows:
+            print("\nParameterServerStrategy (pss_side.py, %d parameter server(s) on cores %s, "
+                  "coordinator and worker on cores %s), medians over %d rounds"
+                  % (args.hosts, args.host_cpus, args.worker_cpus, len(pss_rows)))
+            print("%5s %9s %9s %9s %s" % ("steps", "pss_ms", "pss_sps", "cpu_pss",
+                                         " ".join("pss/hosts_%s" % m for m in args.pipeline)))
+            for steps in args.steps_per_call:
+                ms = statistics.median(row[0][steps] for row in pss_rows)
+                cpu = statistics.median(row[1][steps] for row in pss_rows)
+                ratios = []
+                for pipe in args.pipeline:
+                    ours = [row["hosts"] for row in results.get((None, pipe, steps), [])]
+                    ratios.append("%14.2fx" % (ms / statistics.median(ours)) if ours else "-")
+                print("%5d %9.2f %9s %9.2f %s" % (steps, ms * 1e3,
+                                                  format(int(args.batch / ms), ","), cpu * 1e3,
+                                                  " ".join(ratios)))
+            print("(pss/hosts: PSS step time / ours, > 1: ours faster; cpu_pss: CPU ms per step "
+                  "of the coordinator, the worker and the parameter servers)")
         print("(ms: step time; sps: samples/s; cpu_*: CPU ms per step over the side's "
               "processes; MB/step: both directions%s; relay_cpu: the relay's CPU ms per step; "
               "late_us: how much later than the set delay the relay delivered, on average)"

@@ -30,7 +30,8 @@ first cycles kill a host, kill the trainer, hang and pause a host) seeds
 the choices (printed; fault timing is real time, so not every cycle
 replays exactly); ``TF_TPU_EMB_SOAK_REPORT`` names a JSON file for the
 counts; ``TF_TPU_EMB_SOAK_FAULTS=KIND@POINT,...`` plays only those faults,
-in turn (to reproduce one).  Run the long form with
+in turn (to reproduce one); ``TF_TPU_EMB_SOAK_HOSTS`` sets the number of
+hosts (default 2).  Run the long form with
 ``TF_TPU_EMB_SOAK_SECONDS=900 .venv/bin/pytest tests/cluster/test_fault_soak.py -q -s``.
 """
 import collections
@@ -51,7 +52,8 @@ from cluster import LoopbackCluster
 
 pytestmark = [pytest.mark.system, pytest.mark.slow]
 
-S = 2
+# Hosts: TF_TPU_EMB_SOAK_HOSTS (default 2; the 3-host form of issue 31).
+S = int(os.environ.get("TF_TPU_EMB_SOAK_HOSTS") or 2)
 LEASE_S = 3.0
 STEP_TIMEOUT_S = 5.0
 KINDS = ("kill-host", "hang-host", "pause-host", "kill-trainer", "pause-trainer", "none")
