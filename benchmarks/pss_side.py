@@ -143,6 +143,10 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.worker_cpus:
         os.sched_setaffinity(0, cpu_list(args.worker_cpus))
+        # Pinned to one core, TF gives the worker task one inter-op thread
+        # (one per core), and ClusterCoordinator's scheduled function never
+        # finishes there (seen on TF 2.21: a hang); the children inherit this.
+        os.environ.setdefault("TF_NUM_INTEROP_THREADS", "4")
     tables, features, cot = bc.workload(args)
     sparse = {k: v.to_sparse() for k, v in features.items()}
     cot = [cot["f%d" % t] for t in range(args.tables)]
