@@ -18,7 +18,11 @@ host's shard engine, so:
   the in-process pipelined engine's, with test_sharded_mid_level.py's
   one-replica tolerances (tables bit-identical except rtol 1e-6 for the
   sqrtn table; activations rtol 1e-5: a bag split over hosts is the sum of
-  their partial sums).
+  their partial sums);
+* two replicas (two worker objects, ``workers=(0, 2)`` / ``(1, 2)``, their
+  steps interleaved) on the same hosts equal one in-process pipelined engine
+  fed the global batch: the update waits for both replicas' next lookups
+  (test_sharded_mid_level.py's two-replica tolerance, rtol 1e-5).
 """
 import numpy as np
 import pytest
@@ -27,14 +31,15 @@ import tensorflow as tf
 import engine_util as eu
 from cluster import connected_hosts
 import tf_tpu_emb
-from sharded_case import B, OPTIMIZERS, TABLES, feature_config, make_case, state
+from sharded_case import (B, OPTIMIZERS, TABLES, concat, feature_config, make_case, state,
+                          stepper)
 
 pytestmark = pytest.mark.system  # servers
 
 
 @pytest.fixture(scope="module")
 def hosts():
-    with connected_hosts(2) as h:
+    with connected_hosts(2, replicas_per_host=2) as h:
         yield h
 
 
@@ -127,3 +132,42 @@ def test_two_hosts_equal_one_pipelined_engine(hosts, optimizer, per_call, engine
             eu.assert_close(g[name], w[name], rtol=1e-5, atol=1e-6,
                             what="step %d %s" % (s, name))
     _assert_tables(got_tables, want_tables)
+
+
+def test_two_replicas_equal_one_pipelined_engine_fed_the_global_batch(hosts, engine_released):
+    initial, per_replica, cots = make_case(9, 2)
+    per_replica, cots = per_replica * 2, cots * 2  # 4 steps
+    local = tf_tpu_emb.TPUEmbedding(feature_config(initial, 2 * B), OPTIMIZERS["adagrad"](),
+                                    pipeline_execution_with_tensor_core=True)
+    try:
+        step = stepper(local)
+        want = [{k: v.numpy() for k, v in step(
+            concat([f for f, _ in s]), concat([w for _, w in s]),
+            {k: tf.concat([c[k] for c in cs], 0) for k in cs[0]}).items()}
+            for s, cs in zip(per_replica, cots)]
+        want_tables = state(local)
+    finally:
+        local.shutdown()
+    workers = []
+    try:
+        for w in range(2):
+            workers.append(tf_tpu_emb.TPUEmbedding(
+                feature_config(initial, B), OPTIMIZERS["adagrad"](),
+                pipeline_execution_with_tensor_core=True, cluster=hosts,
+                sharding_strategy="MOD", workers=(w, 2)))
+        fns = [stepper(emb) for emb in workers]
+        got = [[fns[w](*per_replica[s][w], cots[s][w]) for w in range(2)]
+               for s in range(len(per_replica))]
+        got_tables = state(workers[0])
+    finally:
+        for emb in reversed(workers):
+            emb.shutdown()
+    for s, per_worker in enumerate(got):
+        for w, acts in enumerate(per_worker):
+            for name in want[s]:
+                eu.assert_close(acts[name].numpy(), want[s][name][w * B:(w + 1) * B], rtol=1e-5,
+                                atol=1e-6, what="step %d worker %d %s" % (s, w, name))
+    for t in want_tables:
+        for n in want_tables[t]:
+            np.testing.assert_allclose(got_tables[t][n], want_tables[t][n], rtol=1e-5,
+                                       atol=1e-6, err_msg="%s/%s" % (t, n))
