@@ -115,13 +115,16 @@ def workload(args):
     return tables, features, cot
 
 
-def make_embedding(args, tables, cluster=None):
+def make_embedding(args, tables, cluster=None, pipelined=False):
+    """The benchmark's TPUEmbedding (on `cluster`, else in process);
+    `pipelined`: pipeline_execution_with_tensor_core (engine/engine.h)."""
     config = {}
     for t, init in enumerate(tables):
         table = E.TableConfig(vocabulary_size=args.vocab, dim=args.dim, name="t%d" % t,
                               combiner="mean", initializer=tf.constant_initializer(init))
         config["f%d" % t] = E.FeatureConfig(table, name="f%d" % t)
-    emb = tf_tpu_emb.TPUEmbedding(config, E.Adagrad(learning_rate=0.05), cluster=cluster)
+    emb = tf_tpu_emb.TPUEmbedding(config, E.Adagrad(learning_rate=0.05), pipelined,
+                                  cluster=cluster)
     emb.build(per_replica_batch_size=args.batch)
     if cluster is not None:
         emb._backend.router.form = args.form  # pylint: disable=protected-access

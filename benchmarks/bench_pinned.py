@@ -22,6 +22,14 @@ The protocol (issue 31):
   network costs no CPU) and its ``0`` delay at unlimited rate (``--delays-us
   0`` with ``--rate-gbit 0``) measures what the relay itself adds.
 
+``--pipeline off,on``: both sides built with that
+``pipeline_execution_with_tensor_core`` (interleaved; the hosts' side then
+overlaps step k's update with step k+1's lookup traffic, engine/engine.h
+``deferred_``; the first step must still equal the local side's, which runs
+the same rule).  ``--pss`` (direct network): per round also
+``pss_side.py``, ParameterServerStrategy with its parameter servers on
+``--host-cpus`` and its coordinator and worker on ``--worker-cpus``.
+
 The step is ``bench_cluster.py``'s (the mid-level API: enqueue, dequeue,
 apply_gradients of a fixed activation gradient; Adagrad, combiner mean,
 ragged Zipf bags; the same tables).  Per round and network setting the
@@ -35,7 +43,7 @@ The table gives medians over rounds; overhead = hosts / local of the same
 round.  The first step of the hosts side must equal the local one's (rtol
 1e-5), else exit status 1.
 
-    .venv/bin/python benchmarks/bench_pinned.py --net direct
+    .venv/bin/python benchmarks/bench_pinned.py --net direct --pss
     .venv/bin/python benchmarks/bench_pinned.py --net relay --delays-us 50,500 --rate-gbit 10
     .venv/bin/python benchmarks/bench_pinned.py --quick        # smoke run
 """
@@ -70,6 +78,9 @@ def parse_args(argv):
                    help="one-way delays of the relay, a comma list, interleaved (default 50,500)")
     p.add_argument("--rate-gbit", type=float, default=10.0, help="relay rate (0: unlimited)")
     p.add_argument("--steps-per-call", default="1,10")
+    p.add_argument("--pipeline", default="off,on",
+                   help="pipeline_execution_with_tensor_core of both sides, a comma list of "
+                        "off/on, interleaved (default off,on)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--blocks", type=int, default=2)
     p.add_argument("--steps", type=int, default=20, help="timed calls per block (default 20)")
@@ -77,6 +88,10 @@ def parse_args(argv):
     for k, v in dict(tables=8, vocab=100_000, dim=32, batch=1024, hot=10).items():
         p.add_argument("--" + k, type=int, default=v)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--pss", action="store_true",
+                   help="per round, also ParameterServerStrategy (pss_side.py) on --hosts "
+                        "parameter servers pinned to --host-cpus, its coordinator and worker "
+                        "to --worker-cpus; direct network only")
     p.add_argument("--quick", action="store_true",
                    help="tiny smoke run (small tables and batch, 1 round, 1 block of 3 calls)")
     args = p.parse_args(argv)
@@ -84,9 +99,14 @@ def parse_args(argv):
         args.tables, args.vocab, args.dim, args.batch, args.hot = 2, 1000, 8, 64, 3
         args.rounds, args.blocks, args.steps, args.warmup = 1, 1, 3, 1
     args.steps_per_call = [int(s) for s in args.steps_per_call.split(",") if s]
+    args.pipeline = [s.strip() for s in args.pipeline.split(",") if s.strip()]
+    if not args.pipeline or set(args.pipeline) - {"off", "on"}:
+        p.error("--pipeline must list off and/or on, got %r" % ",".join(args.pipeline))
     args.delays_us = ([float(s) for s in args.delays_us.split(",") if s]
                       if args.net == "relay" else [None])
     args.relay_cpus = args.relay_cpus or args.host_cpus
+    if args.pss and args.net != "direct":
+        p.error("--pss runs with --net direct only (its tasks do not go through the relay)")
     if set(cpu_list(args.worker_cpus)) & set(cpu_list(args.host_cpus)):
         p.error("--worker-cpus and --host-cpus must be disjoint")
     return args
@@ -137,6 +157,25 @@ class Relay:
                 self.proc.wait()
 
 
+def pss_round(args):
+    """pss_side.py under this protocol: ({steps per call: seconds per step},
+    {steps per call: CPU seconds per step over its processes})."""
+    cmd = ["taskset", "-c", args.worker_cpus, sys.executable, os.path.join(HERE, "pss_side.py"),
+           "--hosts", str(args.hosts), "--steps-per-call", ",".join(map(str, args.steps_per_call)),
+           "--blocks", str(args.blocks), "--steps", str(args.steps), "--warmup", str(args.warmup),
+           "--seed", str(args.seed), "--worker-cpus", args.worker_cpus, "--ps-cpus", args.host_cpus]
+    for k in ("tables", "vocab", "dim", "batch", "hot"):
+        cmd += ["--" + k, str(getattr(args, k))]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    if result.returncode != 0 or not lines:
+        raise RuntimeError("pss_side.py failed (%s):\n%s" % (
+            result.returncode, (result.stdout + result.stderr)[-3000:]))
+    out = json.loads(lines[-1])
+    return ({int(k): v for k, v in out["steps_per_call"].items()},
+            {int(k): v for k, v in out["cpu_per_step"].items()})
+
+
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     os.sched_setaffinity(0, cpu_list(args.worker_cpus))  # before TensorFlow sizes its pools
@@ -157,14 +196,15 @@ def main(argv=None):
     relay_ports = ports[args.hosts + 1:]  # the same tasks, through the relay
     print("bench_pinned: %d tables x %s rows x dim %d, batch %d, %d ids a sample; %d host(s) on "
           "cores %s, worker and local baseline on cores %s; net %s%s; steps per call %s; "
-          "%d rounds of %d blocks of %d calls (TensorFlow %s, load %s)"
+          "pipelining %s; %d rounds of %d blocks of %d calls (TensorFlow %s, load %s)"
           % (args.tables, format(args.vocab, ","), args.dim, args.batch, args.hot, args.hosts,
              args.host_cpus, args.worker_cpus, args.net,
              " (relay on cores %s, one-way %s us, %s Gbit/s)"
              % (args.relay_cpus, ",".join("%g" % d for d in args.delays_us),
                 "%g" % args.rate_gbit if args.rate_gbit else "unlimited")
              if args.net == "relay" else "",
-             ",".join(map(str, args.steps_per_call)), args.rounds, args.blocks, args.steps,
+             ",".join(map(str, args.steps_per_call)), ",".join(args.pipeline), args.rounds,
+             args.blocks, args.steps,
              tf.__version__, " ".join("%.2f" % x for x in os.getloadavg())), flush=True)
 
     real = ["127.0.0.1:%d" % p for p in host_ports]
@@ -199,82 +239,108 @@ def main(argv=None):
                                    client_address="127.0.0.1:%d" % worker_port)
         hosts.connect()
         side_pids = {"local": [os.getpid()], "hosts": [os.getpid()] + [p.pid for p in procs]}
-        results = {}  # (delay, steps) -> list of per-round dicts
+        results = {}  # (delay, pipeline, steps) -> list of per-round dicts
+        pss_rows = []  # per round: ({steps: seconds per step}, {steps: CPU s per step})
         failed = False
-        for r in range(args.rounds):
-            for delay in args.delays_us:
-                if relay is not None:
-                    relay.command("set %g %g" % (delay, args.rate_gbit))
-                local = bench.make_embedding(args, tables)
-                clustered = bench.make_embedding(args, tables, hosts)
-                try:
-                    for steps in args.steps_per_call:
-                        calls = {"local": bench.make_call(local, features, cot, steps),
-                                 "hosts": bench.make_call(clustered, features, cot, steps)}
-                        if r == 0 and steps == args.steps_per_call[0] and delay == args.delays_us[0]:
-                            want = {k: v.numpy() for k, v in calls["local"]().items()}
-                            got = {k: v.numpy() for k, v in calls["hosts"]().items()}
-                            for name in want:
-                                if not np.allclose(got[name], want[name], rtol=1e-5, atol=1e-6):
-                                    print("MISMATCH: feature %s differs from the local engine"
-                                          % name, flush=True)
-                                    failed = True
-                        for call in calls.values():
-                            for _ in range(args.warmup):
+        for r, delay, pipe in ((r, d, m) for r in range(args.rounds) for d in args.delays_us
+                               for m in args.pipeline):
+            if relay is not None:
+                relay.command("set %g %g" % (delay, args.rate_gbit))
+            local = bench.make_embedding(args, tables, pipelined=pipe == "on")
+            clustered = bench.make_embedding(args, tables, hosts, pipelined=pipe == "on")
+            try:
+                for steps in args.steps_per_call:
+                    calls = {"local": bench.make_call(local, features, cot, steps),
+                             "hosts": bench.make_call(clustered, features, cot, steps)}
+                    if r == 0 and steps == args.steps_per_call[0] and delay == args.delays_us[0]:
+                        # The same flag on both sides: equal activations
+                        # (test_pipelined.py checks every step and table).
+                        want = {k: v.numpy() for k, v in calls["local"]().items()}
+                        got = {k: v.numpy() for k, v in calls["hosts"]().items()}
+                        for name in want:
+                            if not np.allclose(got[name], want[name], rtol=1e-5, atol=1e-6):
+                                print("MISMATCH: feature %s differs from the local engine"
+                                      % name, flush=True)
+                                failed = True
+                    for call in calls.values():
+                        for _ in range(args.warmup):
+                            call()["f0"].numpy()
+                    times = {s: [] for s in calls}
+                    cpu = {s: 0.0 for s in calls}
+                    moved = 0
+                    relay_cpu = 0.0
+                    if relay:
+                        relay.command("reset")
+                    for _ in range(args.blocks):
+                        for side, call in calls.items():
+                            c0 = cpu_seconds(side_pids[side])
+                            m0 = relay.moved() if relay and side == "hosts" else 0
+                            rc0 = cpu_seconds([relay.proc.pid]) if relay else 0.0
+                            for _ in range(args.steps):
+                                t0 = time.perf_counter()
                                 call()["f0"].numpy()
-                        times = {s: [] for s in calls}
-                        cpu = {s: 0.0 for s in calls}
-                        moved = 0
-                        relay_cpu = 0.0
-                        if relay:
-                            relay.command("reset")
-                        for _ in range(args.blocks):
-                            for side, call in calls.items():
-                                c0 = cpu_seconds(side_pids[side])
-                                m0 = relay.moved() if relay and side == "hosts" else 0
-                                rc0 = cpu_seconds([relay.proc.pid]) if relay else 0.0
-                                for _ in range(args.steps):
-                                    t0 = time.perf_counter()
-                                    call()["f0"].numpy()
-                                    times[side].append((time.perf_counter() - t0) / steps)
-                                cpu[side] += cpu_seconds(side_pids[side]) - c0
-                                if relay and side == "hosts":
-                                    moved += relay.moved() - m0
-                                    relay_cpu += cpu_seconds([relay.proc.pid]) - rc0
-                        n = args.blocks * args.steps * steps
-                        row = {s: statistics.median(t) for s, t in times.items()}
-                        row.update({"cpu_" + s: cpu[s] / n for s in calls})
-                        row["bytes"] = moved / n if relay else sum(
-                            a + b for a, b in bench.bytes_per_host(
-                                clustered._config, features, args.hosts))  # pylint: disable=protected-access
-                        row["relay_cpu"] = relay_cpu / n
-                        row["late_us"] = relay.stats()["late_mean_us"] if relay else 0.0
-                        results.setdefault((delay, steps), []).append(row)
-                        print("round %d, %s, %d/call: local %.2f ms (%.2f cpu-ms), hosts %.2f ms "
-                              "(%.2f cpu-ms), %.3f MB/step, load %.2f"
-                              % (r, "direct" if delay is None else "%g us" % delay, steps,
-                                 row["local"] * 1e3, row["cpu_local"] * 1e3,
-                                 row["hosts"] * 1e3, row["cpu_hosts"] * 1e3, row["bytes"] / 1e6,
-                                 os.getloadavg()[0]), flush=True)
-                finally:
-                    clustered.shutdown()
-                    local.shutdown()
+                                times[side].append((time.perf_counter() - t0) / steps)
+                            cpu[side] += cpu_seconds(side_pids[side]) - c0
+                            if relay and side == "hosts":
+                                moved += relay.moved() - m0
+                                relay_cpu += cpu_seconds([relay.proc.pid]) - rc0
+                    n = args.blocks * args.steps * steps
+                    row = {s: statistics.median(t) for s, t in times.items()}
+                    row.update({"cpu_" + s: cpu[s] / n for s in calls})
+                    row["bytes"] = moved / n if relay else sum(
+                        a + b for a, b in bench.bytes_per_host(
+                            clustered._config, features, args.hosts))  # pylint: disable=protected-access
+                    row["relay_cpu"] = relay_cpu / n
+                    row["late_us"] = relay.stats()["late_mean_us"] if relay else 0.0
+                    results.setdefault((delay, pipe, steps), []).append(row)
+                    print("round %d, %s, pipeline %s, %d/call: local %.2f ms (%.2f cpu-ms), hosts %.2f ms "
+                          "(%.2f cpu-ms), %.3f MB/step, load %.2f"
+                          % (r, "direct" if delay is None else "%g us" % delay, pipe, steps,
+                             row["local"] * 1e3, row["cpu_local"] * 1e3,
+                             row["hosts"] * 1e3, row["cpu_hosts"] * 1e3, row["bytes"] / 1e6,
+                             os.getloadavg()[0]), flush=True)
+            finally:
+                clustered.shutdown()
+                local.shutdown()
+            if args.pss and pipe == args.pipeline[-1]:
+                pss_rows.append(pss_round(args))
+                print("round %d, PSS: %s ms" % (r, ", ".join(
+                    "%d/call %.2f" % (k, v * 1e3) for k, v in pss_rows[-1][0].items())),
+                    flush=True)
         print("\nmedians over %d rounds (load %s)" % (
             args.rounds, " ".join("%.2f" % x for x in os.getloadavg())))
-        print("%-10s %5s %9s %9s %9s %9s %8s %9s %9s %7s %9s %9s %8s" % (
-            "net", "steps", "local_ms", "local_sps", "hosts_ms", "hosts_sps", "overhead",
+        print("%-10s %4s %5s %9s %9s %9s %9s %8s %9s %9s %7s %9s %9s %8s" % (
+            "net", "pipe", "steps", "local_ms", "local_sps", "hosts_ms", "hosts_sps", "overhead",
             "cpu_local", "cpu_hosts", "cpu_x", "MB/step", "relay_cpu", "late_us"))
-        for (delay, steps), rows in results.items():
+        for (delay, pipe, steps), rows in results.items():
             med = {k: statistics.median(row[k] for row in rows) for k in rows[0]}
             ratio = statistics.median(row["hosts"] / row["local"] for row in rows)
             cpu_x = statistics.median(row["cpu_hosts"] / max(row["cpu_local"], 1e-9)
                                       for row in rows)
-            print("%-10s %5d %9.2f %9s %9.2f %9s %7.2fx %9.2f %9.2f %6.2fx %9.3f %9.2f %8.0f" % (
-                "direct" if delay is None else "%gus" % delay, steps, med["local"] * 1e3,
+            print("%-10s %4s %5d %9.2f %9s %9.2f %9s %7.2fx %9.2f %9.2f %6.2fx %9.3f %9.2f %8.0f" % (
+                "direct" if delay is None else "%gus" % delay, pipe, steps, med["local"] * 1e3,
                 format(int(args.batch / med["local"]), ","), med["hosts"] * 1e3,
                 format(int(args.batch / med["hosts"]), ","), ratio, med["cpu_local"] * 1e3,
                 med["cpu_hosts"] * 1e3, cpu_x, med["bytes"] / 1e6, med["relay_cpu"] * 1e3,
                 med["late_us"]))
+        if pss_rows:
+            print("\nParameterServerStrategy (pss_side.py, %d parameter server(s) on cores %s, "
+                  "coordinator and worker on cores %s), medians over %d rounds"
+                  % (args.hosts, args.host_cpus, args.worker_cpus, len(pss_rows)))
+            print("%5s %9s %9s %9s %s" % ("steps", "pss_ms", "pss_sps", "cpu_pss",
+                                         " ".join("pss/hosts_%s" % m for m in args.pipeline)))
+            for steps in args.steps_per_call:
+                ms = statistics.median(row[0][steps] for row in pss_rows)
+                cpu = statistics.median(row[1][steps] for row in pss_rows)
+                ratios = []
+                for pipe in args.pipeline:
+                    ours = [row["hosts"] for row in results.get((None, pipe, steps), [])]
+                    ratios.append("%14.2fx" % (ms / statistics.median(ours)) if ours else "-")
+                print("%5d %9.2f %9s %9.2f %s" % (steps, ms * 1e3,
+                                                  format(int(args.batch / ms), ","), cpu * 1e3,
+                                                  " ".join(ratios)))
+            print("(pss/hosts: PSS step time / ours, > 1: ours faster; cpu_pss: CPU ms per step "
+                  "of the coordinator, the worker and the parameter servers)")
         print("(ms: step time; sps: samples/s; cpu_*: CPU ms per step over the side's "
               "processes; MB/step: both directions%s; relay_cpu: the relay's CPU ms per step; "
               "late_us: how much later than the set delay the relay delivered, on average)"

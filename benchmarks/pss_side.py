@@ -22,7 +22,9 @@ workload's batch, repeated) as ``tf.SparseTensor``s.
 (calls x steps per call); the median over ``--blocks`` blocks.  Prints one
 JSON line: {"steps_per_call": {"1": seconds per step, ...},
 "activations": the first step's f0 activations (a list, to check against
-ours)}.
+ours), "cpu_per_step": {"1": CPU seconds per step of this process, the worker
+and the parameter servers}}.  ``--worker-cpus`` / ``--ps-cpus`` pin this
+process and the worker / the parameter servers (bench_pinned.py --pss).
 
     python benchmarks/pss_side.py --hosts 2 --steps-per-call 1,10
 """
@@ -41,6 +43,7 @@ import tensorflow as tf  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_cluster as bc  # noqa: E402
+from bench_pinned import cpu_list, cpu_seconds  # noqa: E402
 
 from tf_tpu_emb.cluster.local import free_ports  # noqa: E402
 from tf_tpu_emb.server import READY_PREFIX  # noqa: E402
@@ -59,6 +62,9 @@ def parse_args(argv):
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--worker-cpus", help="cores of this process and the worker task "
+                   "(taskset; bench_pinned.py's protocol); default: not pinned")
+    p.add_argument("--ps-cpus", help="cores of the parameter servers (taskset)")
     args = p.parse_args(argv)
     for k, v in (bc.QUICK if args.quick else bc.DEFAULTS).items():
         if k != "hosts" and getattr(args, k) is None:
@@ -67,13 +73,15 @@ def parse_args(argv):
     return args
 
 
-def start_tasks(cluster):
-    """The worker and parameter-server processes; returns them once ready."""
+def start_tasks(cluster, cpus=None):
+    """The worker and parameter-server processes; returns them once ready.
+    `cpus`: {job: a taskset core list} for the jobs to pin."""
     procs = []
     for job in ("worker", "ps"):
+        pin = ["taskset", "-c", cpus[job]] if cpus and cpus.get(job) else []
         for task in range(len(cluster[job])):
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "tf_tpu_emb.server", "--cluster", json.dumps(cluster),
+                pin + [sys.executable, "-m", "tf_tpu_emb.server", "--cluster", json.dumps(cluster),
                  "--job", job, "--task", str(task), "--lifetime-seconds", "3600",
                  "--exit-with-parent"],
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -133,12 +141,19 @@ def make_step(args, params, accums, cot, steps):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.worker_cpus:
+        os.sched_setaffinity(0, cpu_list(args.worker_cpus))
+        # Pinned to one core, TF gives the worker task one inter-op thread
+        # (one per core), and ClusterCoordinator's scheduled function never
+        # finishes there (seen on TF 2.21: a hang); the children inherit this.
+        os.environ.setdefault("TF_NUM_INTEROP_THREADS", "4")
     tables, features, cot = bc.workload(args)
     sparse = {k: v.to_sparse() for k, v in features.items()}
     cot = [cot["f%d" % t] for t in range(args.tables)]
     ports = ["127.0.0.1:%d" % p for p in free_ports(args.hosts + 2)]
     cluster = {"chief": ports[:1], "worker": ports[1:2], "ps": ports[2:]}
-    procs = start_tasks(cluster)
+    procs = start_tasks(cluster, {"worker": args.worker_cpus, "ps": args.ps_cpus})
+    pids = [os.getpid()] + [proc.pid for proc in procs]
     try:
         resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
             tf.train.ClusterSpec(cluster), task_type="chief", task_id=0, rpc_layer="grpc")
@@ -161,6 +176,7 @@ def main(argv=None):
                 coordinator.schedule(step, args=(iterator,))
             coordinator.join()
             times = []
+            c0 = cpu_seconds(pids)
             for _ in range(args.blocks):
                 t0 = time.perf_counter()
                 for _ in range(args.steps):
@@ -168,6 +184,8 @@ def main(argv=None):
                 coordinator.join()
                 times.append((time.perf_counter() - t0) / (args.steps * spc))
             out["steps_per_call"][str(spc)] = statistics.median(times)
+            out.setdefault("cpu_per_step", {})[str(spc)] = (
+                (cpu_seconds(pids) - c0) / (args.blocks * args.steps * spc))
         print(json.dumps(out), flush=True)
     finally:
         for proc in procs:

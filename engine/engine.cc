@@ -594,6 +594,8 @@ absl::Status Engine::Init(const std::string& config_bytes, int host_id) {
   in_flight_state_.assign(num_replicas_, kNoBatch);
   parts_.resize(num_replicas_);
   step_errors_.resize(num_replicas_);
+  deferred_waiting_.assign(num_replicas_, false);
+  looked_since_send_.assign(num_replicas_, false);
   num_dynamic_ = tags.size();
   pipelined_ = config_.pipeline_execution_with_tensor_core();
   if (routing_only) return absl::OkStatus();

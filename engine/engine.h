@@ -202,7 +202,8 @@ class Engine : public ::tensorflow::ResourceBase {
                       std::vector<const float*> grads, const std::vector<float>& dynamic_inputs,
                       ::tsl::thread::ThreadPool* pool, bool async = false);
   // Blocks until no step update is running (Load/Retrieve: tables as of
-  // every Send that returned).
+  // every Send that returned); with pipeline_execution_with_tensor_core it
+  // first starts a deferred update (see `deferred_`).
   void WaitForApply();
   // What replica's in-flight training batch needs from a Send: per output
   // the floats of its gradient (bags x dim) and the batch's sequence
@@ -260,6 +261,31 @@ class Engine : public ::tensorflow::ResourceBase {
   int table_without_learning_rate_ = -1;
   bool check_numerics_ = false;
   bool pipelined_ = false;
+  // pipeline_execution_with_tensor_core (docs/tpu_embedding_semantics.md,
+  // config field 7: "the forward pass of step N+1 may run before the
+  // backward pass of step N"): the step's update is deferred until every
+  // replica's next lookup has read the tables, so the next lookup never sees
+  // the current update, whatever order the ops reach the engine in (one
+  // rule for the in-process engine and the hosts' shards).  The update then
+  // runs on its own thread while the lookup's outputs travel on; a Recv
+  // waits for a running update (the lookup after next sees it), and a
+  // replica's Recv that comes while the update still waits for another
+  // replica's lookup starts it (at most one step stale).  Load/Retrieve and
+  // the step-count ops start it too (WaitForApply).
+  std::vector<std::unique_ptr<StepPart>> deferred_;  // empty: none
+  std::vector<float> deferred_rates_;
+  ::tsl::thread::ThreadPool* deferred_pool_ = nullptr;
+  std::vector<bool> deferred_waiting_;   // per replica: its lookup not yet done
+  std::vector<bool> looked_since_send_;  // per replica: a lookup since its last Send
+  // Starts the deferred update on its own thread (under queue_mu_).
+  void StartDeferredLocked();
+  // Runs `parts`'s update on its own thread (the async Send's update), then
+  // marks the step applied.
+  void LaunchApply(std::vector<std::unique_ptr<StepPart>> parts, std::vector<float> rates,
+                   ::tsl::thread::ThreadPool* pool);
+  // Before a Recv of `replica` is resolved (under queue_mu_): a deferred
+  // update this replica has already looked past starts now.
+  void FlushDeferredFor(int replica);
   uint64_t steps_applied_ = 0;
   // The memory reservation (engine.cc): bytes counted in LiveStateBytes while
   // this engine lives; `pending` until its tables are allocated.

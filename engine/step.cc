@@ -3,6 +3,7 @@
 // one applies the step for every replica, engine/apply.cc) and Recv's
 // asynchronous wait (its batch, the previous step) on the StepBarrier.
 
+#include <algorithm>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -28,7 +29,10 @@ void Engine::Enqueue(int replica, Batch batch) {
 
 bool Engine::RecvReady(int replica) const {
   if (!step_errors_[replica].empty()) return true;
-  if (!pipelined_ && (parts_[replica] || applying_)) return false;
+  if (applying_ || (!pipelined_ && parts_[replica])) return false;
+  // A deferred update this replica has looked past is started first
+  // (FlushDeferredFor): its Recv waits for it.
+  if (!deferred_.empty() && !deferred_waiting_[replica]) return false;
   return !queues_[replica].empty();
 }
 
@@ -45,7 +49,7 @@ absl::Status Engine::Resolve(int replica, Batch* batch) {
 }
 
 std::string Engine::RecvWaitingFor(int replica) const {
-  if (!pipelined_ && (parts_[replica] || applying_)) {
+  if (applying_ || (!pipelined_ && parts_[replica])) {
     std::string missing;
     for (int r = 0; r < num_replicas_; ++r) {
       if (!parts_[r]) absl::StrAppend(&missing, missing.empty() ? "" : ", ", r);
@@ -66,6 +70,7 @@ std::string Engine::RecvWaitingFor(int replica) const {
 bool Engine::Recv(int replica, absl::Status* status, Batch* batch, RecvResume later) {
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
+    FlushDeferredFor(replica);
     if (!step_barrier_.HasWaiter(replica) && RecvReady(replica)) {
       *status = Resolve(replica, batch);
       return true;
@@ -83,6 +88,7 @@ void Engine::ReleaseWaiters(int first_replica, int end_replica) {
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     for (int r = first_replica; r < end_replica; ++r) {
+      if (step_barrier_.HasWaiter(r)) FlushDeferredFor(r);
       while (RecvReady(r)) {
         RecvResume resume = step_barrier_.Take(r);
         if (!resume) break;
@@ -99,6 +105,29 @@ void Engine::SetInFlight(int replica, Batch batch) {
   std::lock_guard<std::mutex> lock(queue_mu_);
   in_flight_state_[replica] = batch.training ? kTraining : kInference;
   in_flight_[replica] = std::move(batch);
+  // Called once the lookup has read the tables: the deferred update waits
+  // for every replica's lookup (deferred_, engine.h).
+  looked_since_send_[replica] = true;
+  if (deferred_.empty() || !deferred_waiting_[replica]) return;
+  deferred_waiting_[replica] = false;
+  for (int r = 0; r < num_replicas_; ++r) {
+    if (deferred_waiting_[r]) return;
+  }
+  StartDeferredLocked();
+}
+
+void Engine::FlushDeferredFor(int replica) {
+  if (!deferred_.empty() && !deferred_waiting_[replica] && !applying_) StartDeferredLocked();
+}
+
+void Engine::StartDeferredLocked() {
+  if (deferred_.empty()) return;
+  applying_ = true;
+  std::vector<std::unique_ptr<StepPart>> parts;
+  parts.swap(deferred_);
+  std::fill(deferred_waiting_.begin(), deferred_waiting_.end(), false);
+  LaunchApply(std::move(parts), std::move(deferred_rates_), deferred_pool_);
+  deferred_rates_.clear();
 }
 
 // ------------------------------------------------------------ training step
@@ -142,7 +171,35 @@ absl::Status Engine::Submit(int replica, std::vector<::tensorflow::Tensor> gradi
 
 void Engine::WaitForApply() {
   std::unique_lock<std::mutex> lock(queue_mu_);
-  applied_cv_.wait(lock, [this] { return !applying_; });
+  while (true) {
+    applied_cv_.wait(lock, [this] { return !applying_; });
+    if (deferred_.empty()) return;
+    StartDeferredLocked();
+  }
+}
+
+void Engine::LaunchApply(std::vector<std::unique_ptr<StepPart>> parts, std::vector<float> rates,
+                         ::tsl::thread::ThreadPool* pool) {
+  Ref();  // the update outlives the kernel; the engine lives until it ends
+  auto shared = std::make_shared<std::vector<std::unique_ptr<StepPart>>>(std::move(parts));
+  // Its own thread, not one of `pool`'s: the update's parallel loops wait
+  // for `pool`'s threads, and a pool thread waiting there could deadlock.
+  std::thread([this, shared, rates = std::move(rates), pool] {
+    const absl::Status status = CatchExceptions("the step's update", [&] {
+      std::unique_lock<std::shared_mutex> tables(tables_mu_);
+      ApplyStep(*shared, rates, pool);
+    });
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      if (!status.ok()) {  // the next Recv of every replica reports it
+        for (auto& error : step_errors_) error = std::string(status.message());
+      }
+      applying_ = false;
+    }
+    applied_cv_.notify_all();
+    ReleaseWaiters(0, num_replicas_);
+    Unref();
+  }).detach();
 }
 
 absl::Status Engine::Submit(int replica, std::vector<::tensorflow::Tensor> keep,
@@ -163,10 +220,26 @@ absl::Status Engine::Submit(int replica, std::vector<::tensorflow::Tensor> keep,
     part->grads = std::move(grads);
     in_flight_state_[replica] = kNoBatch;
     parts_[replica] = std::move(part);
+    looked_since_send_[replica] = false;
     if (++submitted_ < num_replicas_) return absl::OkStatus();
     parts.swap(parts_);
     parts_.swap(fresh);
     submitted_ = 0;
+    if (pipelined_) {
+      // Deferred until every replica's next lookup (deferred_, engine.h).
+      // Every replica that sent this step looked up before it sent, and a
+      // step forms only after the previous deferred update has started
+      // (each replica's Recv in between started or waited for it).
+      if (!deferred_.empty()) {
+        return absl::InternalError("SendTPUEmbeddingGradients: a step formed while the "
+                                   "previous step's deferred update had not started");
+      }
+      deferred_ = std::move(parts);
+      deferred_rates_ = dynamic_inputs;
+      deferred_pool_ = pool;
+      for (int r = 0; r < num_replicas_; ++r) deferred_waiting_[r] = !looked_since_send_[r];
+      return absl::OkStatus();
+    }
     applying_ = true;
   }
   auto applied = [this] {
@@ -178,22 +251,7 @@ absl::Status Engine::Submit(int replica, std::vector<::tensorflow::Tensor> keep,
     ReleaseWaiters(0, num_replicas_);
   };
   if (async && pool != nullptr) {
-    Ref();  // the update outlives the kernel; the engine lives until it ends
-    auto shared = std::make_shared<std::vector<std::unique_ptr<StepPart>>>(std::move(parts));
-    // Its own thread, not one of `pool`'s: the update's parallel loops wait
-    // for `pool`'s threads, and a pool thread waiting there could deadlock.
-    std::thread([this, shared, rates = dynamic_inputs, pool, applied] {
-      const absl::Status status = CatchExceptions("the step's update", [&] {
-        std::unique_lock<std::shared_mutex> tables(tables_mu_);
-        ApplyStep(*shared, rates, pool);
-      });
-      if (!status.ok()) {  // the next Recv of every replica reports it
-        std::lock_guard<std::mutex> lock(queue_mu_);
-        for (auto& error : step_errors_) error = std::string(status.message());
-      }
-      applied();
-      Unref();
-    }).detach();
+    LaunchApply(std::move(parts), dynamic_inputs, pool);
     return absl::OkStatus();
   }
   try {

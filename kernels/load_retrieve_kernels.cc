@@ -263,6 +263,7 @@ class RetrieveStepCountOp : public OpKernel {
     Tensor *count, *rounding;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &count));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({}), &rounding));
+    engine->WaitForApply();  // the count of every step whose Sends returned
     std::shared_lock<std::shared_mutex> lock(engine->tables_mutex());
     count->scalar<int64_t>()() = static_cast<int64_t>(engine->steps_applied());
     rounding->scalar<bool>()() = engine->stochastic_rounding();
@@ -279,6 +280,7 @@ class LoadStepCountOp : public OpKernel {
     OP_REQUIRES(ctx, count >= 0, absl::InvalidArgumentError(absl::StrCat(
                                      "LoadTPUEmbeddingStepCount: step_count must be >= 0, got ",
                                      count)));
+    engine->WaitForApply();  // a pending update must not count after the load
     std::unique_lock<std::shared_mutex> lock(engine->tables_mutex());
     engine->set_steps_applied(static_cast<uint64_t>(count));
   }

@@ -3,6 +3,8 @@ it starts, soak_trainer_script.py): two Adagrad tables sharded over the hosts
 (vocabularies that do not divide evenly over two hosts), and deterministic
 steps whose gradients depend only on the step number, so a
 single engine replays them exactly."""
+import os
+
 import numpy as np
 import tensorflow as tf
 
@@ -24,7 +26,10 @@ def make(hosts=None):
                                                initializer=_initial))
               for f, (v, d) in TABLES.items()}
     kwargs = {} if hosts is None else {"cluster": hosts}
-    return tf_tpu_emb.TPUEmbedding(config, E.Adagrad(LR), **kwargs)
+    # TF_TPU_EMB_SOAK_PIPELINE=1: pipeline_execution_with_tensor_core on
+    # both sides (the trainer inherits it; test_fault_soak.py's docstring).
+    pipelined = os.environ.get("TF_TPU_EMB_SOAK_PIPELINE", "") not in ("", "0")
+    return tf_tpu_emb.TPUEmbedding(config, E.Adagrad(LR), pipelined, **kwargs)
 
 
 def ids(n):

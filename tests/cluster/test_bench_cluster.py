@@ -92,12 +92,12 @@ def test_pinned_quick_run_prints_every_figure(net):
     assert "MISMATCH" not in result.stdout
     table = result.stdout.split("medians over", 1)[1].splitlines()
     header = table[1].split()
-    assert header[:7] == ["net", "steps", "local_ms", "local_sps", "hosts_ms", "hosts_sps",
-                          "overhead"], table
+    assert header[:8] == ["net", "pipe", "steps", "local_ms", "local_sps", "hosts_ms",
+                          "hosts_sps", "overhead"], table
     rows = [line.split() for line in table[2:] if line.strip() and not line.startswith("(")]
-    want = [("direct", "1"), ("direct", "10")] if net == "direct" else [
-        ("0us", "1"), ("0us", "10"), ("500us", "1"), ("500us", "10")]
-    assert [tuple(row[:2]) for row in rows] == want, table
+    nets = ["direct"] if net == "direct" else ["0us", "500us"]
+    want = [(n, pipe, steps) for n in nets for pipe in ("off", "on") for steps in ("1", "10")]
+    assert [tuple(row[:3]) for row in rows] == want, table
     for row in rows:
         assert len(row) == len(header), (header, row)
         assert float(row[header.index("MB/step")]) > 0, row

@@ -30,7 +30,10 @@ first cycles kill a host, kill the trainer, hang and pause a host) seeds
 the choices (printed; fault timing is real time, so not every cycle
 replays exactly); ``TF_TPU_EMB_SOAK_REPORT`` names a JSON file for the
 counts; ``TF_TPU_EMB_SOAK_FAULTS=KIND@POINT,...`` plays only those faults,
-in turn (to reproduce one).  Run the long form with
+in turn (to reproduce one); ``TF_TPU_EMB_SOAK_HOSTS`` sets the number of
+hosts (default 2); ``TF_TPU_EMB_SOAK_PIPELINE=1`` trains both sides with
+``pipeline_execution_with_tensor_core`` (a step's update waits for the next
+lookup: a fault can find one kept on a host).  Run the long form with
 ``TF_TPU_EMB_SOAK_SECONDS=900 .venv/bin/pytest tests/cluster/test_fault_soak.py -q -s``.
 """
 import collections
@@ -51,7 +54,8 @@ from cluster import LoopbackCluster
 
 pytestmark = [pytest.mark.system, pytest.mark.slow]
 
-S = 2
+# Hosts: TF_TPU_EMB_SOAK_HOSTS (default 2; the 3-host form of issue 31).
+S = int(os.environ.get("TF_TPU_EMB_SOAK_HOSTS") or 2)
 LEASE_S = 3.0
 STEP_TIMEOUT_S = 5.0
 KINDS = ("kill-host", "hang-host", "pause-host", "kill-trainer", "pause-trainer", "none")
@@ -127,8 +131,10 @@ def _compare(got_file, want):
 def test_fault_soak(tmp_path):
     seconds = float(os.environ.get("TF_TPU_EMB_SOAK_SECONDS", "25"))
     seed = int(os.environ.get("TF_TPU_EMB_SOAK_SEED", "22"))
-    print("fault soak: seed %d, %g s, %d hosts, lease %g s, step deadline %g s"
-          % (seed, seconds, S, LEASE_S, STEP_TIMEOUT_S), flush=True)
+    print("fault soak: seed %d, %g s, %d hosts, lease %g s, step deadline %g s, pipelining %s"
+          % (seed, seconds, S, LEASE_S, STEP_TIMEOUT_S,
+             os.environ.get("TF_TPU_EMB_SOAK_PIPELINE") or "off"),
+          flush=True)
     rng = np.random.default_rng(seed)
     # KIND@POINT,... (e.g. kill-trainer@recv): only these faults, to reproduce one
     only = [f.split("@") for f in os.environ.get("TF_TPU_EMB_SOAK_FAULTS", "").split(",") if f]

@@ -17,6 +17,16 @@ so TF orders it after that host's previous op and leaves the hosts
 independent.  The key tensors are never evaluated (nothing consumes them; the
 function runtime prunes them).
 
+A host's engine queue (its Enqueue ops) is a resource of its own, which the
+Recv reads (``queue=``): an Enqueue is ordered after the previous Enqueue and
+after the Recvs before it, a Recv after the Enqueues before it, but a Send
+and the next step's Enqueue are unordered: the host enqueues step k+1's
+batch (already pulled from the worker) while step k's gradients travel, so a
+step's critical path crosses the network twice (activations out, gradients
+in), not three times (benchmarks/RESULTS.md, issue 31).  The engine's queue
+makes that order-free: a Recv takes the oldest batch, and the sequence a
+routed batch carries checks that worker and hosts agree (engine/routing.h).
+
 Where the hook is missing, :func:`per_host` does nothing and the step stays
 correct, only serial.
 """
@@ -40,20 +50,23 @@ def _state(graph):
 
 
 def _resolve(op, resource_reads, resource_writes):
-    """ACD resolver: a marked host op writes its host's key (True when the
-    sets changed, as the hook requires)."""
-    del resource_reads
+    """ACD resolver: a marked host op writes its keys and reads its read
+    keys (True when the sets changed, as the hook requires)."""
     state = getattr(op.graph, _GRAPH_ATTR, None)
     if state is None:
         return False
-    host = state["ops"].get(op.name)
-    if host is None:
+    marked = state["ops"].get(op.name)
+    if marked is None:
         return False
-    key = state["keys"][host]
-    if key in resource_writes:
-        return False
-    resource_writes.add(key)
-    return True
+    writes, reads = marked
+    changed = False
+    for keys, into in ((writes, resource_writes), (reads, resource_reads)):
+        for name in keys:
+            key = state["keys"][name]
+            if key not in into:
+                into.add(key)
+                changed = True
+    return changed
 
 
 _resolve.__name__ = "tf_tpu_emb_per_host_order"
@@ -69,11 +82,20 @@ def enabled():
     return _register is not None
 
 
-def per_host(built, host):
+def per_host(built, host, queue=None):
     """Marks ``built`` (an op, a tensor, or a list of them; ``None`` in eager
-    mode) as an op of host ``host``'s engine.  Returns ``built``."""
+    mode) as an op of host ``host``'s engine.  Returns ``built``.
+
+    ``queue``: None (an op of the engine), "write" (an Enqueue: an op of the
+    host's queue only) or "read" (a Recv: an op of the engine that reads the
+    queue)."""
+    if queue not in (None, "write", "read"):
+        raise ValueError("queue must be None, 'write' or 'read', got %r" % (queue,))
     if built is None or tf.executing_eagerly() or _register is None:
         return built
+    queue_key = ("queue", host)
+    writes = (queue_key,) if queue == "write" else (host,)
+    reads = (queue_key,) if queue == "read" else ()
     items = built if isinstance(built, (list, tuple)) else [built]
     ops_ = {x if isinstance(x, tf.Operation) else x.op for x in items}
     for op in ops_:
@@ -81,13 +103,16 @@ def per_host(built, host):
         if not getattr(graph, "building_function", False):
             continue  # TF1 graphs have no automatic control dependencies
         state = _state(graph)
-        if host not in state["keys"]:
-            state["keys"][host] = _make_key(graph, host)
-        state["ops"][op.name] = host
+        for name in writes + reads:
+            if name not in state["keys"]:
+                state["keys"][name] = _make_key(graph, name, len(state["keys"]))
+        state["ops"][op.name] = (writes, reads)
     return built
 
 
-def _make_key(graph, host):
-    """A scalar constant of ``graph`` that stands for host ``host``'s engine."""
+def _make_key(graph, name, index):
+    """A scalar constant of ``graph`` that stands for ``name`` (a host's
+    engine, or ("queue", host): its queue)."""
+    label = "queue{}".format(name[1]) if isinstance(name, tuple) else "{}_engine".format(name)
     with graph.as_default(), graph.control_dependencies(None), graph.name_scope(None):
-        return tf.constant(host, name="tf_tpu_emb_host{}_engine".format(host))
+        return tf.constant(index, name="tf_tpu_emb_host{}".format(label))

@@ -30,7 +30,17 @@ activations, gradients).  Enqueue, Recv and Send of all hosts are built in
 the caller's function, so one ``tf.function`` step carries every host's
 part, and every host op is marked :func:`~tf_tpu_emb.cluster.ordering.per_host`
 (the worker's router ops as one more "host"): TF keeps program order among
-one host's ops and runs the hosts' parts in parallel.
+one host's ops and runs the hosts' parts in parallel.  Enqueues (and the
+worker's routes) are ordered only among themselves and before the Recvs
+after them: step k+1's batch reaches its host while step k's gradients are
+on their way (ordering.py).
+
+With ``pipeline_execution_with_tensor_core`` each host's engine defers a
+step's update until the next lookup has read its tables (engine/engine.h,
+``deferred_``): the update of step k runs on the host while step k+1's
+activations travel to the worker and its gradients come back, and the
+result equals one in-process engine with the same flag
+(tests/cluster/test_pipelined.py).
 """
 import tensorflow as tf
 
@@ -45,6 +55,11 @@ from tf_tpu_emb.cluster import ordering
 from tf_tpu_emb.cluster import routing
 
 WORKER = "worker"  # the ordering key of the worker's router ops
+# The worker's routes have a key of their own: the router queues routed
+# batches (engine/routing.h) and Combine takes the one its hosts answer, so
+# step k+1's batch is routed (and pulled by the hosts) before step k's
+# activations come back (tf_tpu_emb/cluster/ordering.py).
+ROUTES = "worker_routes"
 
 
 class ShardedEngine(backend.Backend):
@@ -278,13 +293,14 @@ class ShardedEngine(backend.Backend):
         """Routes one replica's ArbitraryTensorBatch inputs on this worker and
         enqueues each host's packed part on that host's replica device."""
         batches, _, _ = self.router.route(indices, values, weights, mode, replica, name=name)
-        ordering.per_host(batches, WORKER)
+        ordering.per_host(batches, ROUTES)
         enqueues = []
         for k, batch in enumerate(batches):
             with tf.device(self._device(k, replica)):
                 enqueues.append(ordering.per_host(ops.enqueue_tpu_embedding_routed_batch(
                     batch, engine=self.engine,
-                    name=None if name is None else "{}_host{}".format(name, k)), k))
+                    name=None if name is None else "{}_host{}".format(name, k)), k,
+                    queue="write"))
         return None if tf.executing_eagerly() else tf.group(enqueues)
 
     def recv(self, num_outputs, replica, name=None):
@@ -296,7 +312,8 @@ class ShardedEngine(backend.Backend):
         for k in range(self.num_hosts):
             with tf.device(self._device(k, replica)):
                 parts.append(ordering.per_host(
-                    ops.recv_tpu_embedding_routed_activations(engine=self.engine, name=name), k))
+                    ops.recv_tpu_embedding_routed_activations(engine=self.engine, name=name), k,
+                    queue="read"))
         return list(ordering.per_host(self.router.combine(parts, replica, name=name), WORKER))
 
     def send(self, layout, gradients, learning_rates, replica, control_inputs=None,
