@@ -184,10 +184,13 @@ class ConvertToCooTensorOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({m}), &rows));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({m}), &cols));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({m}), &gains));
+    int32_t* row_out = rows->flat<int32_t>().data();
+    int32_t* col_out = cols->flat<int32_t>().data();
+    float* gain_out = gains->flat<float>().data();
     for (int64_t k = 0; k < m; ++k) {
-      rows->vec<int32_t>()(k) = coo.rows[k];
-      cols->vec<int32_t>()(k) = coo.cols[k];
-      gains->vec<float>()(k) = ScaledGain(coo, k);
+      row_out[k] = coo.rows[k];
+      col_out[k] = coo.cols[k];
+      gain_out[k] = ScaledGain(coo, k);
     }
   }
 
@@ -252,10 +255,13 @@ class ConvertToListOfSparseCoreCooTensorsOp : public OpKernel {
       OP_REQUIRES_OK(ctx, rows.allocate(s, shape, &r));
       OP_REQUIRES_OK(ctx, cols.allocate(s, shape, &c));
       OP_REQUIRES_OK(ctx, gains.allocate(s, shape, &g));
+      int32_t* row_out = r->flat<int32_t>().data();
+      int32_t* col_out = c->flat<int32_t>().data();
+      float* gain_out = g->flat<float>().data();
       for (int64_t j = 0; j < per_sc_count[s]; ++j, ++k) {
-        r->vec<int32_t>()(j) = out_rows[k];
-        c->vec<int32_t>()(j) = out_cols[k];
-        g->vec<float>()(j) = ScaledGain(coo, k);
+        row_out[j] = out_rows[k];
+        col_out[j] = out_cols[k];
+        gain_out[j] = ScaledGain(coo, k);
       }
     }
   }
@@ -436,12 +442,15 @@ class SortListOfSparseCoreCooTensorsOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({total}), &cols));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({total}), &gains));
     std::vector<int32_t> next(counts.data(), counts.data() + p);
+    int32_t* row_out = rows->flat<int32_t>().data();
+    int32_t* col_out = cols->flat<int32_t>().data();
+    float* gain_out = gains->flat<float>().data();
     for (const auto& group : list.kept()) {
       for (const Kept& k : group) {
         const int32_t at = next[k.col & (p - 1)]++;
-        rows->vec<int32_t>()(at) = k.row % list.batch();
-        cols->vec<int32_t>()(at) = k.col >> list.bits();
-        gains->vec<float>()(at) = k.gain;
+        row_out[at] = k.row % list.batch();
+        col_out[at] = k.col >> list.bits();
+        gain_out[at] = k.gain;
       }
     }
   }

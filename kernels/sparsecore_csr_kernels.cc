@@ -386,13 +386,16 @@ class GetMinibatchSplitsWithPhysicalReplicaOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({total}), &out_cols));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({total}), &out_gains));
     std::vector<int64_t> next(id_counts.data(), id_counts.data() + num_counts);
+    int32_t* row_out = out_rows->flat<int32_t>().data();
+    int32_t* col_out = out_cols->flat<int32_t>().data();
+    float* gain_out = out_gains->flat<float>().data();
     for (int s = 0; s < num_sc_; ++s) {
       for (const Kept& k : kept[s]) {
         const int64_t bucket = std::min<int64_t>(k.col / division, sc::kMaxDivisions - 1);
         const int64_t at = next[(s * p + k.col % p) * sc::kMaxDivisions + bucket]++;
-        out_rows->vec<int32_t>()(at) = static_cast<int32_t>(k.row % per_sc);
-        out_cols->vec<int32_t>()(at) = static_cast<int32_t>(k.col / p);
-        out_gains->vec<float>()(at) = k.gain;
+        row_out[at] = static_cast<int32_t>(k.row % per_sc);
+        col_out[at] = static_cast<int32_t>(k.col / p);
+        gain_out[at] = k.gain;
       }
     }
     Tensor *splits, *max_ids_t, *max_uniques_t;

@@ -377,17 +377,18 @@ class CsrGradOp : public AsyncOpKernel {
 
   static GradInput* InputOf(ChipArrival& a) { return static_cast<GradInput*>(a.data.get()); }
 
-  // The rows chip c's update touches, in order of first id (replicas in
-  // order, each one's buffer order), and each one's gradient sum.  The map
-  // is the thread's, kept between calls and emptied key by key, so a step
+  // The rows of part `part` of `parts` of chip c's shard (rows split by a
+  // hash) that the update touches, in order of first id (replicas in order,
+  // each one's buffer order), and each one's gradient sum.  The map is the
+  // thread's, kept between calls and emptied key by key, so a step
   // allocates (and page-faults) nothing once its sizes were seen.
-  static void RowSums(std::vector<ChipArrival>& a, size_t c, int64_t width,
-                      std::vector<int64_t>* touched, std::vector<float>* sums) {
+  static void RowSums(std::vector<ChipArrival>& a, size_t c, int64_t width, int64_t part,
+                      int64_t parts, std::vector<int64_t>* touched, std::vector<float>* sums) {
     thread_local ::absl::flat_hash_map<int64_t, int64_t> slot_of;
     for (ChipArrival& from : a) {
       const float* g = from.ctx->input(4).flat<float>().data();
       for (const CsrId& id : InputOf(from)->ids) {
-        if (id.chip != static_cast<int64_t>(c)) continue;
+        if (id.chip != static_cast<int64_t>(c) || PartOf(id.row, parts) != part) continue;
         const auto [it, added] = slot_of.try_emplace(id.row, touched->size());
         if (added) {
           touched->push_back(id.row);
@@ -401,6 +402,12 @@ class CsrGradOp : public AsyncOpKernel {
     for (const int64_t row : *touched) slot_of.erase(row);
   }
 
+  static int64_t PartOf(int64_t row, int64_t parts) {
+    return parts == 1 ? 0
+                      : static_cast<int64_t>((static_cast<uint64_t>(row) * 0x9E3779B97F4A7C15ull) %
+                                             static_cast<uint64_t>(parts));
+  }
+
   static std::vector<absl::Status> Apply(const std::string& op, const SparseCoreOptimizer& opt,
                                          std::vector<ChipArrival>& a) {
     std::vector<const Tensor*> tables;
@@ -408,12 +415,7 @@ class CsrGradOp : public AsyncOpKernel {
     std::vector<absl::Status> result(a.size(), SameShards(op, tables));
     if (!result[0].ok()) return result;
     const int64_t width = tables[0]->dim_size(1);
-    thread_local std::vector<int64_t> touched;  // the thread's, as RowSums' map
-    thread_local std::vector<float> sums;
     for (size_t c = 0; c < a.size(); ++c) {
-      touched.clear();
-      sums.clear();
-      RowSums(a, c, width, &touched, &sums);
       GradInput* in = InputOf(a[c]);
       float* w[1 + kMaxSlots] = {};
       for (int k = 0; k <= kSlots && result[c].ok(); ++k) {
@@ -424,15 +426,24 @@ class CsrGradOp : public AsyncOpKernel {
         }
       }
       if (!result[c].ok()) continue;
-      // Touched rows are distinct: the intra-op threads update disjoint rows.
+      // One part of the rows per intra-op thread: parts update disjoint rows,
+      // and a row's gradient is summed in id order whatever the parts.
+      ::tsl::thread::ThreadPool* pool = CpuPool(a[c].ctx);
+      const int64_t parts = std::max(1, pool->NumThreads());
+      int64_t ids = 0;
+      for (ChipArrival& x : a) ids += static_cast<int64_t>(InputOf(x)->ids.size());
       const float lr = in->lr;
-      const int64_t* rows = touched.data();
-      const float* row_sums = sums.data();
-      CpuPool(a[c].ctx)->ParallelFor(
-          static_cast<int64_t>(touched.size()), (kSlots + 1) * width * 8,
-          [&](int64_t begin, int64_t end) {
-            UpdateRows(opt, w, kSlots, rows, row_sums, width, lr, begin, end);
-          });
+      pool->ParallelFor(parts, ids * width * 4, [&](int64_t begin, int64_t end) {
+        thread_local std::vector<int64_t> touched;  // the thread's, as RowSums' map
+        thread_local std::vector<float> sums;
+        for (int64_t part = begin; part < end; ++part) {
+          touched.clear();
+          sums.clear();
+          RowSums(a, c, width, part, parts, &touched, &sums);
+          UpdateRows(opt, w, kSlots, touched.data(), sums.data(), width, lr, 0,
+                     static_cast<int64_t>(touched.size()));
+        }
+      });
     }
     if (kInPlace) {
       // Let go of the variables' buffers before any replica's `done`: the
