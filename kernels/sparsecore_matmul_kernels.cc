@@ -27,7 +27,6 @@
 #include "core/sparsecore.h"
 #include "kernels/registration.h"
 #include "kernels/sparsecore_chips.h"
-#include "absl/container/flat_hash_map.h"
 #include "tensorflow/core/framework/function.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/resource_var.h"
@@ -379,27 +378,52 @@ class CsrGradOp : public AsyncOpKernel {
 
   // The rows of part `part` of `parts` of chip c's shard (rows split by a
   // hash) that the update touches, in order of first id (replicas in order,
-  // each one's buffer order), and each one's gradient sum.  The map is the
-  // thread's, kept between calls and emptied key by key, so a step
-  // allocates (and page-faults) nothing once its sizes were seen.
+  // each one's buffer order), and each one's gradient sum.  Row -> slot is an
+  // open-addressing table of the thread's, kept between calls (as the
+  // engine's ApplyPartition), so a step allocates nothing once its sizes
+  // were seen.
   static void RowSums(std::vector<ChipArrival>& a, size_t c, int64_t width, int64_t part,
                       int64_t parts, std::vector<int64_t>* touched, std::vector<float>* sums) {
-    thread_local ::absl::flat_hash_map<int64_t, int64_t> slot_of;
+    int64_t n = 0;
+    for (ChipArrival& from : a) n += static_cast<int64_t>(InputOf(from)->ids.size());
+    int64_t cap = 16;
+    while (cap < 2 * (n / parts + 1)) cap <<= 1;
+    thread_local std::vector<int64_t> keys;
+    thread_local std::vector<int64_t> slot_of;
+    keys.assign(cap, -1);
+    slot_of.resize(cap);
+    sums->reserve(static_cast<size_t>(std::min<int64_t>(n, cap)) * width);
     for (ChipArrival& from : a) {
       const float* g = from.ctx->input(4).flat<float>().data();
       for (const CsrId& id : InputOf(from)->ids) {
         if (id.chip != static_cast<int64_t>(c) || PartOf(id.row, parts) != part) continue;
-        const auto [it, added] = slot_of.try_emplace(id.row, touched->size());
-        if (added) {
+        uint64_t h = (static_cast<uint64_t>(id.row) * 0xC2B2AE3D27D4EB4Full) & (cap - 1);
+        while (keys[h] != -1 && keys[h] != id.row) h = (h + 1) & (cap - 1);
+        if (keys[h] == -1) {
+          if (static_cast<int64_t>(touched->size()) * 2 >= cap) {  // more rows than foreseen
+            cap <<= 1;
+            keys.assign(cap, -1);
+            slot_of.resize(cap);
+            for (size_t t = 0; t < touched->size(); ++t) {
+              uint64_t r = (static_cast<uint64_t>((*touched)[t]) * 0xC2B2AE3D27D4EB4Full) &
+                           (cap - 1);
+              while (keys[r] != -1) r = (r + 1) & (cap - 1);
+              keys[r] = (*touched)[t];
+              slot_of[r] = static_cast<int64_t>(t);
+            }
+            h = (static_cast<uint64_t>(id.row) * 0xC2B2AE3D27D4EB4Full) & (cap - 1);
+            while (keys[h] != -1) h = (h + 1) & (cap - 1);
+          }
+          keys[h] = id.row;
+          slot_of[h] = static_cast<int64_t>(touched->size());
           touched->push_back(id.row);
           sums->resize(sums->size() + width, 0.0f);
         }
-        float* sum = sums->data() + it->second * width;
+        float* sum = sums->data() + slot_of[h] * width;
         const float* grad = g + id.sample * width;
         for (int64_t d = 0; d < width; ++d) sum[d] += id.gain * grad[d];
       }
     }
-    for (const int64_t row : *touched) slot_of.erase(row);
   }
 
   static int64_t PartOf(int64_t row, int64_t parts) {
