@@ -19,6 +19,7 @@
 #include "core/sparsecore.h"
 #include "engine/exceptions.h"
 #include "kernels/registration.h"
+#include "kernels/sparsecore_kernel_util.h"
 #include "kernels/sparsecore_rendezvous.h"
 #include "tensorflow/core/framework/tensor.h"
 
@@ -29,18 +30,8 @@ namespace sparsecore_chips {
 namespace sc = ::tf_tpu_emb::sparsecore;
 
 // InvalidArgument naming the op.
-inline absl::Status Invalid(const std::string& op, const std::string& what) {
-  return absl::InvalidArgumentError(absl::StrCat(op, ": ", what));
-}
-
-inline absl::Status CheckRank(const std::string& op, const char* name, const Tensor& t,
-                              int rank) {
-  if (t.dims() != rank) {
-    return Invalid(op, absl::StrCat(name, " must have rank ", rank, ", got shape ",
-                                    t.shape().DebugString()));
-  }
-  return absl::OkStatus();
-}
+using sc_util::CheckRank;
+using sc_util::Invalid;
 
 
 // The chips and SparseCores a kernel's CSR buffers address (semantics §5
@@ -63,11 +54,7 @@ inline absl::Status ReadChips(OpKernelConstruction* c, const std::string& op, Ch
     return absl::OkStatus();
   }
   int64_t n;
-  TF_RETURN_IF_ERROR(c->GetAttr("num_sparsecores_per_device", &n));
-  if (n <= 0 || n > (int64_t{1} << 20) || (n & (n - 1)) != 0) {
-    return Invalid(op, absl::StrCat("num_sparsecores_per_device must be a power of two, but got: ",
-                                    n, " (a CPU device has no TPU topology to read it from)"));
-  }
+  TF_RETURN_IF_ERROR(sc_util::ReadNumSparseCores(c, op, &n));
   *out = {1, n, 0};
   return absl::OkStatus();
 }

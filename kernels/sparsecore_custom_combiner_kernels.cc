@@ -157,12 +157,7 @@ class CustomCombinerLookupOp : public OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("input_size", &input_size_));
     OP_REQUIRES_OK(c, c->GetAttr("max_valency", &max_valency_));
     OP_REQUIRES_OK(c, c->GetAttr("num_weights", &num_weights_));
-    int buckets;
-    OP_REQUIRES_OK(c, c->GetAttr("quantization_config_num_buckets", &buckets));
-    OP_REQUIRES(c, buckets == 0,
-                absl::UnimplementedError(absl::StrCat(
-                    op_, ": lookup quantization (quantization_config_num_buckets = ", buckets,
-                    ") is not implemented on CPU")));
+    OP_REQUIRES_OK(c, sc_util::RefuseQuantization(c, op_));
     OP_REQUIRES_OK(c, sc_util::ReadNumSparseCores(c, op_, &num_sc_));
     OP_REQUIRES(c, input_size_ % num_sc_ == 0,
                 Invalid(op_, absl::StrCat("input_size ", input_size_, " is not divisible by ",

@@ -1,14 +1,12 @@
-// Helpers of the SparseCore kernels (the custom-combiner ops,
-// kernels/sparsecore_custom_combiner_kernels.cc, the COO lookup,
-// kernels/sparsecore_coo_matmul_kernel.cc, and the preprocessing through
+// Helpers of the SparseCore kernels (the lookup, gradient and standalone
+// optimizer kernels, kernels/sparsecore_matmul_kernels.cc and
+// kernels/sparsecore_chips.h; the custom-combiner ops,
+// kernels/sparsecore_custom_combiner_kernels.cc; the COO lookup,
+// kernels/sparsecore_coo_matmul_kernel.cc; the preprocessing through
 // kernels/sparsecore_preprocess.h): input checks naming the op, registration
 // under both names, the SparseCore count, the gradient ops' optimizer attrs
 // and row update (docs/sparsecore_semantics.md §6), and calling a `func`
 // attr through the function library runtime with its outputs checked.
-//
-// kernels/sparsecore_matmul_kernels.cc has its own copies of the first
-// helpers in its anonymous namespace (it is being reworked for multi-chip
-// work in parallel); once that lands it should include this header instead.
 #ifndef TF_TPU_EMB_KERNELS_SPARSECORE_KERNEL_UTIL_H_
 #define TF_TPU_EMB_KERNELS_SPARSECORE_KERNEL_UTIL_H_
 
@@ -21,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/cpu_dispatch.h"
 #include "core/optimizers.h"
 #include "kernels/registration.h"
 #include "tensorflow/core/framework/function.h"
@@ -76,6 +75,19 @@ inline absl::Status ReadNumSparseCores(OpKernelConstruction* c, const std::strin
   return absl::OkStatus();
 }
 
+// Lookup quantization (a SparseCore feature whose arithmetic TF does not
+// publish) is refused rather than guessed (§5).
+inline absl::Status RefuseQuantization(OpKernelConstruction* c, const std::string& op) {
+  int buckets;
+  TF_RETURN_IF_ERROR(c->GetAttr("quantization_config_num_buckets", &buckets));
+  if (buckets != 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        op, ": lookup quantization (quantization_config_num_buckets = ", buckets,
+        ") is not implemented on CPU"));
+  }
+  return absl::OkStatus();
+}
+
 // Copies `in` into a new output `index` of its shape.
 inline absl::Status CopyToOutput(OpKernelContext* ctx, int index, const Tensor& in,
                                  float** data) {
@@ -114,7 +126,9 @@ struct SparseCoreOptimizer {
   float clip_min = -std::numeric_limits<float>::infinity();
   float clip_max = std::numeric_limits<float>::infinity();
 
-  void Update(const RowArgs& a) const {
+  // Inlined into a CPU-dispatched caller's clones (core/cpu_dispatch.h).
+  // `clip`: false for the standalone optimizers (§7: no clip attrs).
+  TF_TPU_EMB_INLINE_INTO_CLONES void Update(const RowArgs& a, bool clip = true) const {
     switch (opt) {
       case Opt::kSgd: opt::StochasticGradientDescent(a, {}); break;
       case Opt::kAdagrad: opt::Adagrad(a, {}); break;
@@ -122,6 +136,7 @@ struct SparseCoreOptimizer {
       case Opt::kAdam: opt::Adam(a, adam); break;
       case Opt::kFtrl: opt::SparseCoreFtrl(a, ftrl); break;
     }
+    if (!clip) return;
     for (int d = 0; d < a.dim; ++d) a.w[d] = std::min(std::max(a.w[d], clip_min), clip_max);
   }
 };

@@ -45,6 +45,11 @@ using sparsecore_chips::ReadChips;
 using sparsecore_chips::ReadCsr;
 using sparsecore_chips::RunOnChips;
 using sparsecore_chips::SameShards;
+using sc_util::CopyToOutput;
+using sc_util::Opt;
+using sc_util::ReadGradAttrs;
+using sc_util::ScalarValue;
+using sc_util::SparseCoreOptimizer;
 using opt::AdagradMomentumHyper;
 using opt::AdamHyper;
 using opt::FtrlHyper;
@@ -58,14 +63,6 @@ absl::Status CheckSameShape(const std::string& op, const char* name, const Tenso
   return absl::OkStatus();
 }
 
-absl::Status ScalarValue(const std::string& op, const char* name, const Tensor& t, float* out) {
-  if (t.NumElements() != 1 || t.dims() > 1) {
-    return Invalid(op, absl::StrCat(name, " must be a scalar, got shape ",
-                                    t.shape().DebugString()));
-  }
-  *out = t.flat<float>()(0);
-  return absl::OkStatus();
-}
 
 // ------------------------------------------------------------ §5 the lookup
 
@@ -95,12 +92,7 @@ class CsrLookupOp : public AsyncOpKernel {
   explicit CsrLookupOp(OpKernelConstruction* c) : AsyncOpKernel(c), op_(BareOpName(c)) {
     OP_REQUIRES_OK(c, c->GetAttr("input_size", &input_size_));
     OP_REQUIRES_OK(c, c->GetAttr("table_name", &table_));
-    int buckets;
-    OP_REQUIRES_OK(c, c->GetAttr("quantization_config_num_buckets", &buckets));
-    OP_REQUIRES(c, buckets == 0,
-                absl::UnimplementedError(absl::StrCat(
-                    op_, ": lookup quantization (quantization_config_num_buckets = ", buckets,
-                    ") is not implemented on CPU")));
+    OP_REQUIRES_OK(c, sc_util::RefuseQuantization(c, op_));
     if (c->HasAttr("T")) {
       ::tensorflow::DataType t;
       OP_REQUIRES_OK(c, c->GetAttr("T", &t));
@@ -166,30 +158,6 @@ class CsrLookupOp : public AsyncOpKernel {
 };
 // ------------------------------------------------- §6 gradient and optimizer
 
-enum class Opt { kSgd, kAdagrad, kAdagradMomentum, kAdam, kFtrl };
-
-// The hyper-parameters of one SparseCore optimizer, and the row update:
-// core/optimizers.h's formula, then (if `clip`) the weight clipping.
-struct SparseCoreOptimizer {
-  Opt opt = Opt::kSgd;
-  AdagradMomentumHyper momentum{};
-  AdamHyper adam{};
-  FtrlHyper ftrl{};
-  float clip_min = -std::numeric_limits<float>::infinity();
-  float clip_max = std::numeric_limits<float>::infinity();
-
-  TF_TPU_EMB_INLINE_INTO_CLONES void Update(const RowArgs& a, bool clip) const {
-    switch (opt) {
-      case Opt::kSgd: opt::StochasticGradientDescent(a, {}); break;
-      case Opt::kAdagrad: opt::Adagrad(a, {}); break;
-      case Opt::kAdagradMomentum: opt::AdagradMomentum(a, momentum); break;
-      case Opt::kAdam: opt::Adam(a, adam); break;
-      case Opt::kFtrl: opt::SparseCoreFtrl(a, ftrl); break;
-    }
-    if (!clip) return;
-    for (int d = 0; d < a.dim; ++d) a.w[d] = std::min(std::max(a.w[d], clip_min), clip_max);
-  }
-};
 
 // The optimizer on touched rows [begin, end) of a chip's shard: row
 // touched[t] of the table `w[0]` and its slots `w[1..slots]`, with the
@@ -219,59 +187,7 @@ void UpdateRows(const SparseCoreOptimizer& opt, float* const* w, int slots,
   }
 }
 
-// The gradient ops' hyper-parameter attrs (TF's names; beta1 is the
-// AdagradMomentum momentum, semantics §6).
-absl::Status ReadGradAttrs(OpKernelConstruction* c, const std::string& op, Opt o,
-                           SparseCoreOptimizer* out) {
-  out->opt = o;
-  TF_RETURN_IF_ERROR(c->GetAttr("clip_weight_min", &out->clip_min));
-  TF_RETURN_IF_ERROR(c->GetAttr("clip_weight_max", &out->clip_max));
-  if (out->clip_min > out->clip_max) {
-    return Invalid(op, absl::StrCat("clip_weight_min must be smaller or equal to clip_weight_max "
-                                    "but got clip_weight_min as ",
-                                    out->clip_min, " and clip_weight_max as ", out->clip_max,
-                                    "."));
-  }
-  if (o == Opt::kAdagradMomentum) {
-    AdagradMomentumHyper& h = out->momentum;
-    TF_RETURN_IF_ERROR(c->GetAttr("use_nesterov", &h.use_nesterov));
-    TF_RETURN_IF_ERROR(c->GetAttr("exponent", &h.exponent));
-    TF_RETURN_IF_ERROR(c->GetAttr("beta1", &h.momentum));
-    TF_RETURN_IF_ERROR(c->GetAttr("beta2", &h.beta2));
-    TF_RETURN_IF_ERROR(c->GetAttr("epsilon", &h.epsilon));
-  } else if (o == Opt::kAdam) {
-    AdamHyper& h = out->adam;
-    TF_RETURN_IF_ERROR(c->GetAttr("use_sum_inside_sqrt", &h.use_sum_inside_sqrt));
-    TF_RETURN_IF_ERROR(c->GetAttr("beta1", &h.beta1));
-    TF_RETURN_IF_ERROR(c->GetAttr("beta2", &h.beta2));
-    TF_RETURN_IF_ERROR(c->GetAttr("epsilon", &h.epsilon));
-  } else if (o == Opt::kFtrl) {
-    FtrlHyper& h = out->ftrl;
-    TF_RETURN_IF_ERROR(c->GetAttr("multiply_linear_by_learning_rate", &h.multiply_linear_by_lr));
-    TF_RETURN_IF_ERROR(c->GetAttr("beta", &h.beta));
-    TF_RETURN_IF_ERROR(c->GetAttr("learning_rate_power", &h.lr_power));
-    TF_RETURN_IF_ERROR(c->GetAttr("l1_regularization_strength", &h.l1));
-    TF_RETURN_IF_ERROR(c->GetAttr("l2_regularization_strength", &h.l2));
-  }
-  if (o == Opt::kAdagradMomentum && out->momentum.exponent == 0) {
-    // The engine reads 0 as the proto's default 2; TF's SparseCore builder
-    // computes pow(x, -inf).  Ours refuse the degenerate update.
-    return Invalid(op, "exponent must not be 0");
-  }
-  return absl::OkStatus();
-}
 
-// Copies `in` into a new output `index` of its shape.
-absl::Status CopyToOutput(OpKernelContext* ctx, int index, const Tensor& in, float** data) {
-  Tensor* out;
-  TF_RETURN_IF_ERROR(ctx->allocate_output(index, in.shape(), &out));
-  if (in.NumElements() > 0) {  // an empty tensor's data may be null
-    std::memcpy(out->flat<float>().data(), in.flat<float>().data(),
-                sizeof(float) * in.NumElements());
-  }
-  *data = out->flat<float>().data();
-  return absl::OkStatus();
-}
 
 // Inputs: row_pointers, sorted_sample_ids, sorted_token_ids, sorted_gains,
 // activation_gradients, learning_rate, embedding_table, slots...,

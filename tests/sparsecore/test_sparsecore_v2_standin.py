@@ -43,6 +43,16 @@ def assert_close(actual, expected, what):
                                err_msg=what)
 
 
+def assert_equals_model(result, opt):
+    """Every step's activations and the final tables equal the numpy model."""
+    tables, activations = model(result, opt)
+    for step, (got, want) in enumerate(zip(result["activations"], activations)):
+        for feature in script.FEATURES:
+            assert_close(got[feature], want[feature], "step %d, %s" % (step, feature))
+    for name in script.TABLES:
+        assert_close(result["final"][name], tables[name], name)
+
+
 @pytest.mark.parametrize("replicas", [1, 2, pytest.param(4, marks=pytest.mark.slow),
                                       pytest.param(8, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("opt", OPTIMIZERS)
@@ -61,12 +71,8 @@ def test_training_equals_the_global_batch_model(tmp_path, opt, replicas):
         assert [device for device, _ in shards] == [
             "/job:localhost/replica:0/task:0/device:CPU:%d" % k for k in range(replicas)]
         assert all(same for _, same in shards), (name, shards)
-    tables, activations = model(result, opt)
-    for step, (got, want) in enumerate(zip(result["activations"], activations)):
-        for feature in script.FEATURES:
-            assert_close(got[feature], want[feature], "step %d, %s" % (step, feature))
+    assert_equals_model(result, opt)
     for name in script.TABLES:
-        assert_close(result["final"][name], tables[name], name)
         # Training moved every table (the comparison above could not pass by standing still).
         assert np.abs(np.array(result["final"][name]) - result["initial"][name]).max() > 1e-3
 
@@ -84,13 +90,8 @@ def test_in_place_update_equals_tfs_functional_path(tmp_path, monkeypatch, opt):
     monkeypatch.setenv("TF_TPU_EMB_V2_IN_PLACE", "0")
     slow = run_script(tmp_path, 2, "train", opt)
     assert slow["in_place_ops"] == [0, 0] and slow["used_grad_ops"] == [4, 4]
-    for result in (fast, slow):
-        tables, activations = model(result, opt)
-        for step, (got, want) in enumerate(zip(result["activations"], activations)):
-            for feature in script.FEATURES:
-                assert_close(got[feature], want[feature], "step %d, %s" % (step, feature))
-        for name in script.TABLES:
-            assert_close(result["final"][name], tables[name], name)
+    assert_equals_model(fast, opt)
+    assert_equals_model(slow, opt)
 
 
 def test_checkpoint_is_the_sharded_stacked_layout_and_restores(tmp_path):
