@@ -92,7 +92,7 @@ def replica_slice(feature, k, per_replica):
     return lengths[lo:hi], ids, weights
 
 
-def make_embedding(strategy, opt_name, per_replica):
+def make_embedding(strategy, opt_name, per_replica, build=True):
     tables = {name: E.TableConfig(vocabulary_size=v, dim=d, combiner=c, name=name,
                                   optimizer=optimizer(opt_name, LEARNING_RATES[name]))
               for name, (v, d, c) in TABLES.items()}
@@ -102,7 +102,8 @@ def make_embedding(strategy, opt_name, per_replica):
         embedding = tf.tpu.experimental.embedding.TPUEmbeddingV2(
             config, sparse_core_embedding_config=E.SparseCoreEmbeddingConfig(
                 max_ids_per_chip_per_sample=64))
-        embedding.build()
+        if build:
+            embedding.build()
     return embedding
 
 
@@ -123,6 +124,48 @@ def logical_tables(embedding):
                 size_in_shard=layout.unsharded_padded_shape[0] // shards,
                 shard_rotation=layout.sparse_core_shard_rotation)
             out[name] = table.numpy()[:vocab, :width].tolist()
+    return out
+
+
+def across_generations(strategy, opt_name, per_replica, path, logical):
+    """The V2 checkpoint at `path` in the other generations: our per-table
+    reader (tf_tpu_emb.sparsecore_checkpoint) against TF's unshuffle of the
+    live tables; TF's TPUEmbeddingForServing restoring its parameters; and
+    back: a per-table checkpoint (ForServing's, new values) restored into a
+    fresh TPUEmbeddingV2 through TF's checkpoint adapter."""
+    import tempfile  # pylint: disable=import-outside-toplevel
+    from tf_tpu_emb import sparsecore_checkpoint  # pylint: disable=import-outside-toplevel
+    out = {}
+    tables = sparsecore_checkpoint.read_tables(path)
+    out["read_states"] = {name: sorted(states) for name, states in tables.items()}
+    out["read_equal"] = {name: bool(np.array_equal(tables[name]["parameters"],
+                                                   np.array(logical[name], np.float32)))
+                         for name in TABLES}
+    configs = {name: E.TableConfig(vocabulary_size=v, dim=d, combiner=c, name=name)
+               for name, (v, d, c) in TABLES.items()}
+    features = {f: E.FeatureConfig(configs[t], name=f) for f, (t, _, _) in FEATURES.items()}
+    serving = E.TPUEmbeddingForServing(features, optimizer=None)
+    tf.train.Checkpoint(embedding=serving).restore(path).expect_partial()
+    out["serving_equal"] = {c.name: bool(np.array_equal(v.numpy(),
+                                                        np.array(logical[c.name], np.float32)))
+                            for c, v in serving.embedding_tables.items()}
+    # Back to V2: new values, saved per table (ForServing's layout), restored
+    # into a fresh V2 object.
+    new = {name: np.array(logical[name], np.float32) + 1.0 for name in TABLES}
+    per_table = E.TPUEmbeddingForServing(features, optimizer=None)
+    per_table.build()
+    for c, v in per_table.embedding_tables.items():
+        v.assign(new[c.name])
+    back = tf.train.Checkpoint(embedding=per_table).save(tempfile.mkdtemp() + "/per_table")
+    # Restored before it is built, so TF creates its variables from the
+    # checkpoint through its adapter (unsharded -> sharded).
+    fresh = make_embedding(strategy, opt_name, per_replica, build=False)
+    tf.train.Checkpoint(embedding=fresh).restore(back).expect_partial()
+    with strategy.scope():
+        fresh.build()
+    restored = logical_tables(fresh)
+    out["back_equal"] = {name: bool(np.allclose(np.array(restored[name], np.float32), new[name]))
+                         for name in TABLES}
     return out
 
 
@@ -253,6 +296,8 @@ def main():
             s: np.array_equal(reader.get_tensor("embedding/%s/.ATTRIBUTES/VARIABLE_VALUE" % s),
                               tf.concat([v.read_value() for v in var.values], 0).numpy())
             for s, var in embedding.embedding_tables.items()}
+        result["across_generations"] = across_generations(strategy, opt_name, per_replica,
+                                                          path, logical_tables(embedding))
         fresh = make_embedding(strategy, opt_name, per_replica)
         result["fresh_before_restore"] = logical_tables(fresh)
         tf.train.Checkpoint(embedding=fresh).restore(path).assert_consumed()

@@ -96,6 +96,15 @@ def test_in_place_update_equals_tfs_functional_path(tmp_path, monkeypatch, opt):
 
 def test_checkpoint_is_the_sharded_stacked_layout_and_restores(tmp_path):
     result = run_script(tmp_path, 2, "checkpoint", "adagrad", steps=2)
+    # Across generations (tf_tpu_emb.sparsecore_checkpoint and TF's own paths):
+    # per table with its slots, equal to TF's unshuffle of the live tables;
+    # TF's TPUEmbeddingForServing restores the parameters; a per-table
+    # checkpoint restores into a fresh TPUEmbeddingV2 through TF's adapter.
+    gens = result["across_generations"]
+    assert gens["read_states"] == {name: ["accumulators", "parameters"]
+                                   for name in script.TABLES}
+    for check in ("read_equal", "serving_equal", "back_equal"):
+        assert gens[check] == {name: True for name in script.TABLES}, (check, gens[check])
     keys = result["checkpoint_keys"]
     # One variable per stacked table and slot: the shards saved as slices of
     # the full stacked table [shards * rows per shard, padded width].
