@@ -8,9 +8,12 @@ TF's ``TPUEmbeddingForServing`` and into our V1 object."""
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow.core.tpu.kernels import sparse_core_layout_pb2
-from tensorflow.python.tpu import _pywrap_sparse_core_layout
-from tensorflow.python.tpu import tpu_embedding_v3_utils as v3_utils
+# TF's SparseCore layout stacker and utilities arrived after 2.16 (the old-TF lane).
+_pywrap_sparse_core_layout = pytest.importorskip(
+    "tensorflow.python.tpu._pywrap_sparse_core_layout",
+    reason="this TensorFlow has no SparseCore layout stacker")
+sparse_core_layout_pb2 = pytest.importorskip("tensorflow.core.tpu.kernels.sparse_core_layout_pb2")
+v3_utils = pytest.importorskip("tensorflow.python.tpu.tpu_embedding_v3_utils")
 
 from tf_tpu_emb import sparsecore_checkpoint as scc
 
