@@ -130,6 +130,44 @@ def _feature_config_of(embedding):
     return fc
 
 
+def _without_training_batch(embedding, feature_config):
+    """A SparseCore (``TPUEmbeddingV2``) object's features carry the
+    per-replica training batch as ``output_shape`` (TPUEmbeddingV2 needs it);
+    a served batch has any size, so the served features drop it (same
+    tables, names and sequence lengths)."""
+    import copy
+    from tf_tpu_emb import sparsecore_checkpoint
+    if not sparsecore_checkpoint.is_v2(embedding):
+        return feature_config
+
+    def served(fc):
+        fc = copy.copy(fc)
+        fc.output_shape = tf.TensorShape(None)
+        return fc
+    return tf.nest.map_structure(served, feature_config)
+
+
+def _tables_by_config(embedding, fc_by_path):
+    """``{TableConfig: parameters}`` of `embedding`.  A SparseCore
+    (``TPUEmbeddingV2``) object keys ``embedding_tables`` by stacked table and
+    keeps them sharded and stacked; its per-table parameters come out by its
+    layouts (:func:`tf_tpu_emb.sparsecore_checkpoint.tables_of`)."""
+    from tf_tpu_emb import sparsecore_checkpoint
+    if not sparsecore_checkpoint.is_v2(embedding):
+        return embedding.embedding_tables
+    per_table = sparsecore_checkpoint.tables_of(embedding)
+    out = {}
+    for fc in fc_by_path.values():
+        name = fc.table.name
+        if fc.table not in out:
+            if name not in per_table:
+                raise ValueError("Table %r of the feature config is not a table of the "
+                                 "TPUEmbeddingV2 object (its tables: %s)"
+                                 % (name, sorted(per_table)))
+            out[fc.table] = per_table[name]["parameters"]
+    return out
+
+
 # ------------------------------------------------------------------ export
 
 def export_serving(path, embedding, input_signature, model_fn=None, *,
@@ -156,8 +194,10 @@ def serving_module(embedding, input_signature, model_fn=None, *, weighted_featur
       embedding: an object with ``embedding_tables`` (``{TableConfig: tf.Variable
         or tensor}``, the trained parameters) and a feature config
         (``feature_config`` or, as on TF's ``TPUEmbeddingForServing``,
-        ``_feature_config``): e.g. ``tf_tpu_emb.TPUEmbedding`` or
-        ``tf.tpu.experimental.embedding.TPUEmbeddingForServing``.  The parameter
+        ``_feature_config``): e.g. ``tf_tpu_emb.TPUEmbedding``,
+        ``tf.tpu.experimental.embedding.TPUEmbeddingForServing``, or a
+        ``TPUEmbeddingV2`` (SparseCore) object, whose stacked, sharded
+        tables are unstacked per table first.  The parameter
         values are copied (at export time) into new variables owned by the
         exported module (``module.tables[<table name>]``).
       input_signature: nested structure of ``tf.TensorSpec`` (dense ids),
@@ -194,6 +234,7 @@ def serving_module(embedding, input_signature, model_fn=None, *, weighted_featur
     """
     if feature_config is None:
         feature_config = _feature_config_of(embedding)
+        feature_config = _without_training_batch(embedding, feature_config)
     fc_by_path = dict(_nest.flatten_with_joined_string_paths(feature_config))
     flat_sig = _nest.flatten_with_joined_string_paths(input_signature)
     if not flat_sig:
@@ -223,7 +264,7 @@ def serving_module(embedding, input_signature, model_fn=None, *, weighted_featur
                          % (sorted(unknown), [p for p, _ in flat_sig]))
 
     # Fresh variables owned by the module, holding copies of the trained tables.
-    src_tables = embedding.embedding_tables
+    src_tables = _tables_by_config(embedding, fc_by_path)
     names = [getattr(t, "name", None) for t in src_tables]
     if None in names or len(set(names)) != len(names):
         names = ["table_%d" % i for i in range(len(names))]

@@ -15,6 +15,10 @@ restore it into ``TPUEmbeddingV2`` (same or other layout: its
   checkpoint: ``parameters`` and the optimizer's slots (TF's slot names,
   e.g. ``accumulators``; the names :meth:`tf_tpu_emb.TPUEmbedding.table_state_names`
   lists), each ``[vocabulary_size, dim]`` with the SparseCore padding removed;
+* :func:`tables_of` -- the same from a live ``TPUEmbeddingV2`` object (its
+  ``variables`` and ``embedding_layouts``), e.g. to serve a model that is
+  still in memory (:func:`tf_tpu_emb.serving.serving_module` takes a V2
+  object through it);
 * :func:`load_into` -- those arrays into a V1 object (``tf_tpu_emb.TPUEmbedding``
   or what ``tf.tpu.experimental.embedding.TPUEmbedding`` is under the
   stand-in: every state through ``load_table``) or into TF's
@@ -36,7 +40,7 @@ import collections
 
 import numpy as np
 
-__all__ = ["read_tables", "load_into", "unstack_table", "layouts_of"]
+__all__ = ["read_tables", "tables_of", "load_into", "unstack_table", "layouts_of"]
 
 _VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 
@@ -148,6 +152,45 @@ def read_tables(path, prefix=None):
         out[layout.table_name] = {
             state: unstack_table(reader.get_tensor(key), layout)
             for state, key in sorted(keys.items(), key=lambda kv: kv[0] != "parameters")}
+    return out
+
+
+def is_v2(embedding):
+    """Whether ``embedding`` is a SparseCore (``TPUEmbeddingV2``) object: the
+    one mid-level class with ``embedding_layouts``."""
+    return hasattr(type(embedding), "embedding_layouts")
+
+
+def _whole(variable):
+    """The full stacked value of a V2 variable (TF's sharded variable: its
+    shards in device order, as its checkpoint concatenates them)."""
+    import tensorflow as tf
+    values = getattr(variable, "values", None)
+    if values is None:
+        return np.asarray(variable.numpy())
+    return tf.concat([v.read_value() for v in values], axis=0).numpy()
+
+
+def tables_of(embedding):
+    """``{table name: {state name: numpy array}}`` of a live, built
+    ``TPUEmbeddingV2`` object, as :func:`read_tables` gives them from its
+    checkpoint: ``parameters`` and its slots, each table's rows out of its
+    stacked, sharded variables by its layout."""
+    if not is_v2(embedding):
+        raise TypeError("tables_of takes a TPUEmbeddingV2 object, got %s"
+                        % type(embedding).__name__)
+    layouts = embedding.embedding_layouts
+    variables = embedding.variables  # {stacked table: {state: sharded variable}}
+    whole = {}
+    out = {}
+    for name, layout in layouts.items():
+        stack = layout.stacked_table_name
+        if stack not in variables:
+            raise ValueError("Table %r: its stacked table %r has no variables" % (name, stack))
+        if stack not in whole:
+            whole[stack] = {state: _whole(var) for state, var in variables[stack].items()}
+        out[layout.table_name] = {state: unstack_table(value, layout)
+                                  for state, value in whole[stack].items()}
     return out
 
 

@@ -169,6 +169,26 @@ def across_generations(strategy, opt_name, per_replica, path, logical):
     return out
 
 
+# The serving export of the trained V2 model: every feature, as a serving
+# program feeds it (dense ids, ragged rows, weights where a table combines).
+SERVING_SIGNATURE = {"clicked": tf.TensorSpec([None], tf.int32),
+                     "watched": tf.RaggedTensorSpec([None, None], tf.int32, ragged_rank=1),
+                     "friends": tf.RaggedTensorSpec([None, None], tf.int32, ragged_rank=1),
+                     "bought": tf.RaggedTensorSpec([None, None], tf.int32, ragged_rank=1)}
+SERVING_WEIGHTED = ["watched", "bought"]
+
+
+def export_from_v2(embedding):
+    """tf_tpu_emb.serving.export_serving straight from the live V2 object (its
+    stacked, sharded tables unstacked per table), stock ops only; returns the
+    SavedModel's directory (the test loads it where tf_tpu_emb never was)."""
+    import os  # pylint: disable=import-outside-toplevel
+    from tf_tpu_emb.serving import export_serving  # pylint: disable=import-outside-toplevel
+    path = os.path.join(os.getcwd(), "serving_from_v2")
+    export_serving(path, embedding, SERVING_SIGNATURE, weighted_features=SERVING_WEIGHTED)
+    return path
+
+
 def distributed(strategy, step, per_replica, with_offsets=True, bad_replica=None):
     def fn(ctx):
         k = ctx.replica_id_in_sync_group
@@ -298,6 +318,7 @@ def main():
             for s, var in embedding.embedding_tables.items()}
         result["across_generations"] = across_generations(strategy, opt_name, per_replica,
                                                           path, logical_tables(embedding))
+        result["serving_dir"] = export_from_v2(embedding)
         fresh = make_embedding(strategy, opt_name, per_replica)
         result["fresh_before_restore"] = logical_tables(fresh)
         tf.train.Checkpoint(embedding=fresh).restore(path).assert_consumed()

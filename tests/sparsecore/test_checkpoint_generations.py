@@ -132,6 +132,13 @@ def test_read_tables_refuses_a_v1_checkpoint(tmp_path):
         scc.read_tables(path)
 
 
+def test_tables_of_takes_only_a_v2_object():
+    serving = tf.tpu.experimental.embedding.TPUEmbeddingForServing(_configs(None), None)
+    with pytest.raises(TypeError, match="takes a TPUEmbeddingV2 object, got "
+                                        "TPUEmbeddingForServing"):
+        scc.tables_of(serving)
+
+
 def _configs(optimizer):
     tables = {name: tf.tpu.experimental.embedding.TableConfig(
         vocabulary_size=rows, dim=width, name=name, optimizer=optimizer)

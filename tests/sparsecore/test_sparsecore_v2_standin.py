@@ -128,6 +128,64 @@ def test_checkpoint_is_the_sharded_stacked_layout_and_restores(tmp_path):
                      np.array(result["after_more"][name], np.float32), name)
 
 
+def serving_reference(table, combiner, rows, weights):
+    """numpy: each row's combination of its ids' rows of `table`."""
+    out = np.zeros((len(rows), table.shape[1]))
+    for r, (ids, w) in enumerate(zip(rows, weights)):
+        if not ids:
+            continue
+        w = np.array(w, np.float64)
+        total = (w[:, None] * table[ids]).sum(0)
+        scale = {"sum": 1.0, "mean": w.sum(), "sqrtn": np.sqrt((w * w).sum())}[combiner]
+        out[r] = total / scale
+    return out
+
+
+def test_serving_export_from_a_v2_model_is_stock_ops(tmp_path):
+    """export_serving takes the trained TPUEmbeddingV2 object itself; the
+    SavedModel loads and serves where tf_tpu_emb was never imported, and its
+    lookups combine the tables TF's own unshuffle reads from the V2 variables."""
+    result = run_script(tmp_path, 2, "checkpoint", "sgd", steps=1)
+    rng = np.random.RandomState(3)
+    batch, flat, rows, weights = 5, {}, {}, {}
+    for f, (table, form, most) in script.FEATURES.items():
+        vocab = script.TABLES[table][0]
+        if form == "dense":
+            ids = rng.randint(0, vocab, batch)
+            flat[f] = ids.astype(np.int32)
+            rows[f], weights[f] = [[int(i)] for i in ids], [[1.0]] * batch
+            continue
+        lengths = rng.randint(0, most + 1, batch)
+        lengths[0] = max(lengths[0], 1)
+        ids = rng.randint(0, vocab, int(lengths.sum())).astype(np.int32)
+        w = rng.uniform(0.5, 2.0, ids.size).astype(np.float32)
+        splits = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        flat[f + "_values"], flat[f + "_row_splits"] = ids, splits
+        rows[f] = [ids[a:b].tolist() for a, b in zip(splits[:-1], splits[1:])]
+        if f in script.SERVING_WEIGHTED:
+            flat[f + "_weights"] = w
+            weights[f] = [w[a:b].tolist() for a, b in zip(splits[:-1], splits[1:])]
+        else:
+            weights[f] = [[1.0] * len(r) for r in rows[f]]
+    np.savez(tmp_path / "inputs.npz", **flat)
+    kinds = {f: form for f, (_, form, _) in script.FEATURES.items()}
+    case = {"dir": result["serving_dir"], "inputs": str(tmp_path / "inputs.npz"),
+            "output": str(tmp_path / "out.npz"),
+            "features": [[f, kinds[f], f in script.SERVING_WEIGHTED] for f in script.FEATURES]}
+    with open(tmp_path / "cases.json", "w") as fp:
+        json.dump([case], fp)
+    proc = harness.run_python([harness.common_script("serving_load_script.py"),
+                               str(tmp_path / "cases.json")], timeout=300)
+    assert proc.returncode == 0, harness.describe(proc)
+    got = dict(np.load(tmp_path / "out.npz").items())
+    assert sorted(got["tables"]) == sorted(script.TABLES)
+    for f, (table, _, _) in script.FEATURES.items():
+        want = serving_reference(np.array(result["final"][table], np.float64),
+                                 script.TABLES[table][2], rows[f], weights[f])
+        for view in ("lookup/" + f, "sig/" + f):
+            np.testing.assert_allclose(got[view], want, rtol=1e-5, atol=1e-6, err_msg=view)
+
+
 def test_a_replica_that_never_comes_is_an_error_not_a_hang(tmp_path, monkeypatch):
     monkeypatch.setenv("TF_TPU_EMB_STEP_TIMEOUT_SECONDS", "2")
     start = time.monotonic()
