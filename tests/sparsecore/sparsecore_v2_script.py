@@ -30,7 +30,8 @@ E = tf.tpu.experimental.embedding
 TABLES = {"video": (64, 8, "sum"), "user": (32, 8, "mean"), "item": (100, 4, "sqrtn")}
 # feature: (table, form, max ids per sample)
 FEATURES = {"watched": ("video", "ragged", 3), "clicked": ("video", "dense", 1),
-            "friends": ("user", "ragged", 2), "bought": ("item", "ragged", 4)}
+            "friends": ("user", "ragged", 2), "bought": ("item", "ragged", 4),
+            "tags": ("user", "sparse", 3)}
 HYPER = {"sgd": {}, "adagrad": {"initial_accumulator_value": 0.1},
          # Adam's update of a row whose summed gradient nearly cancels moves by
          # (lr / epsilon) times the gradient's rounding; a TPU's order of the
@@ -174,8 +175,9 @@ def across_generations(strategy, opt_name, per_replica, path, logical):
 SERVING_SIGNATURE = {"clicked": tf.TensorSpec([None], tf.int32),
                      "watched": tf.RaggedTensorSpec([None, None], tf.int32, ragged_rank=1),
                      "friends": tf.RaggedTensorSpec([None, None], tf.int32, ragged_rank=1),
-                     "bought": tf.RaggedTensorSpec([None, None], tf.int32, ragged_rank=1)}
-SERVING_WEIGHTED = ["watched", "bought"]
+                     "bought": tf.RaggedTensorSpec([None, None], tf.int32, ragged_rank=1),
+                     "tags": tf.SparseTensorSpec([None, None], tf.int32)}
+SERVING_WEIGHTED = ["watched", "bought", "tags"]
 
 
 def export_from_v2(embedding):
@@ -200,6 +202,12 @@ def distributed(strategy, step, per_replica, with_offsets=True, bad_replica=None
                 ids[0] = 1 << 20  # far past every table of the stack
             if form == "dense":
                 features[f], weights[f] = tf.constant(ids), None
+            elif form == "sparse":  # [samples, most ids a sample]; some rows empty
+                most = FEATURES[f][2]
+                indices = np.array([[s, j] for s, n in enumerate(lengths) for j in range(n)],
+                                   np.int64).reshape(-1, 2)
+                features[f] = tf.SparseTensor(indices, ids, [per_replica, most])
+                weights[f] = tf.SparseTensor(indices, w, [per_replica, most])
             else:
                 features[f] = tf.RaggedTensor.from_row_lengths(ids, lengths)
                 weights[f] = tf.RaggedTensor.from_row_lengths(w, lengths)

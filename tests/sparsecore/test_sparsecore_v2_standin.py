@@ -160,7 +160,13 @@ def test_serving_export_from_a_v2_model_is_stock_ops(tmp_path):
         ids = rng.randint(0, vocab, int(lengths.sum())).astype(np.int32)
         w = rng.uniform(0.5, 2.0, ids.size).astype(np.float32)
         splits = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        flat[f + "_values"], flat[f + "_row_splits"] = ids, splits
+        flat[f + "_values"] = ids
+        if form == "sparse":
+            flat[f + "_indices"] = np.array([[r, j] for r, n in enumerate(lengths)
+                                             for j in range(n)], np.int64).reshape(-1, 2)
+            flat[f + "_dense_shape"] = np.array([batch, most], np.int64)
+        else:
+            flat[f + "_row_splits"] = splits
         rows[f] = [ids[a:b].tolist() for a, b in zip(splits[:-1], splits[1:])]
         if f in script.SERVING_WEIGHTED:
             flat[f + "_weights"] = w
