@@ -13,7 +13,8 @@ activations to OUT.json, for the test's numpy model.  Even steps look up with
 
 MODE: ``train`` (the above), ``checkpoint`` (train, save, restore into a fresh
 object and write both objects' tables), ``missing`` (one replica runs a lookup
-alone), ``bad_ids`` (an id past the table on replica N-1).
+alone), ``bad_ids`` (an id past the table on replica N-1), ``enqueue_device``
+(``enqueue(..., device=worker_devices[0])``, one replica).
 """
 import json
 import sys
@@ -276,6 +277,36 @@ def main():
             result["error"] = [type(e).__name__, e.message]
         # The system goes on: the next step of every replica meets as before.
         next_step(result, strategy, train_step, distributed(strategy, data[0], per_replica))
+        with open(out_path, "w") as f:
+            json.dump(result, f)
+        return
+    if mode == "enqueue_device":
+        # enqueue on a named device, as a TPU program passes its strategy's
+        # worker device (seam 9), then dequeue in the replica: the lookup
+        # equals embedding(features); a device that is no replica's keeps
+        # TF's error.
+        dist = distributed(strategy, data[0], per_replica)
+        features = strategy.experimental_local_results(dist[0])[0]
+        weights = strategy.experimental_local_results(dist[1])[0]
+
+        @tf.function
+        def on_device(features, weights):
+            preprocessed = embedding.enqueue(features, weights,
+                                             device=strategy.extended.worker_devices[0])
+            return strategy.run(lambda p: embedding.dequeue(p)[0], args=(preprocessed,))
+
+        @tf.function
+        def direct(features, weights):
+            return strategy.run(lambda f, w: embedding(f, w)[0], args=(features, weights))
+        got, want = on_device(features, weights), direct(features, weights)
+        result["equal"] = {f: bool(np.array_equal(got[f].numpy(), want[f].numpy()))
+                           for f in FEATURES}
+        try:
+            embedding.enqueue(features, weights, device="/job:localhost/replica:0/task:0/"
+                              "device:CPU:%d" % (n + 1))
+            result["error"] = None
+        except ValueError as e:
+            result["error"] = str(e)
         with open(out_path, "w") as f:
             json.dump(result, f)
         return

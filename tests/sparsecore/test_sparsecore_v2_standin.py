@@ -192,6 +192,16 @@ def test_serving_export_from_a_v2_model_is_stock_ops(tmp_path):
             np.testing.assert_allclose(got[view], want, rtol=1e-5, atol=1e-6, err_msg=view)
 
 
+def test_enqueue_on_a_replica_device(tmp_path):
+    """TF's enqueue(..., device=strategy.extended.worker_devices[0]) (what
+    TF's own TPUEmbeddingV2 tests do) preprocesses on that device's host; the
+    dequeued lookup equals embedding(features).  A device that is no
+    replica's keeps TF's error."""
+    result = run_script(tmp_path, 1, "enqueue_device")
+    assert result["equal"] == {f: True for f in script.FEATURES}
+    assert "Non-TPU device" in result["error"] and "CPU:2" in result["error"]
+
+
 def test_a_replica_that_never_comes_is_an_error_not_a_hang(tmp_path, monkeypatch):
     monkeypatch.setenv("TF_TPU_EMB_STEP_TIMEOUT_SECONDS", "2")
     start = time.monotonic()

@@ -41,8 +41,8 @@ is installed (``tf_tpu_emb.tpu.uninstall`` restores TF's public names):
    ``assign_on_device`` address the component on the device.  Everything
    else -- the shards (``{name}/{replica}``), the saveables of the sharded
    stacked layout, ``shape`` -- is TF's.
-5. :class:`TPUEmbeddingV2` is TF's class with one override,
-   ``_variable_creator`` (seam 4); it is bound at
+5. :class:`TPUEmbeddingV2` is TF's class with two overrides,
+   ``_variable_creator`` (seam 4) and ``enqueue`` (seam 9); it is bound at
    ``tf.tpu.experimental.embedding.TPUEmbeddingV2`` (install.py), so
    ``isinstance`` against TF's class, its errors and its checkpoints are
    TF's.
@@ -67,6 +67,12 @@ is installed (``tf_tpu_emb.tpu.uninstall`` restores TF's public names):
    pruned.  The result is the functional op's, bit for bit
    (tests/sparsecore/test_sparsecore_v2_standin.py).  Eagerly (no graph to
    rewrite), or with ``TF_TPU_EMB_V2_IN_PLACE=0``, TF's path runs as written.
+9. **The enqueue device.**  ``enqueue(features, device=d)`` preprocesses on
+   the host of ``d``, which TF requires to be a TPU device; a TPU program
+   passes one of its strategy's ``worker_devices``.  The stand-in's replica
+   devices are ``/device:CPU:k``, whose host is ``/device:CPU:0``, TF's host
+   of the device-less enqueue: such a ``d`` takes that path.  Any other
+   device keeps TF's error ("Non-TPU device ... passed to enqueue").
 """
 import os
 import weakref
@@ -200,6 +206,19 @@ class TPUEmbeddingV2(tpu_embedding_v3.TPUEmbeddingV2):
     """``tf.tpu.experimental.embedding.TPUEmbeddingV2`` on the stand-in
     SparseCore TPU: TF's class; its table variables are
     :class:`TPUEmbeddingShardedVariable` (module doc, seams 4 and 5)."""
+
+    def enqueue(self, features, weights=None, device=None):
+        """TF's ``enqueue``; ``device`` may be a replica's device of the
+        stand-in (``strategy.extended.worker_devices[k]``, ``/device:CPU:k``),
+        which stands for that chip's TPU device (module doc, seam 9)."""
+        if device is not None and self._is_replica_device(device):
+            device = None  # TF's host path: the same host, /device:CPU:0
+        return super().enqueue(features, weights, device)
+
+    def _is_replica_device(self, device):
+        want = device_util.canonicalize(device)
+        return any(device_util.canonicalize(d) == want
+                   for d in self._strategy.extended.worker_devices)
 
     def _variable_creator(self, next_creator, **kwargs):
         variable = super()._variable_creator(next_creator, **kwargs)
