@@ -5,7 +5,9 @@
 // Registered as TfTpuEmb>Name and under TF's name.  What they compute -- the
 // one-chip CPU model of the CSR buffers, the row gradient, the optimizers --
 // is docs/sparsecore_semantics.md §5-§6; the row updates are
-// core/optimizers.h's (one optimizer source).
+// core/optimizers.h's (one optimizer source).  Ops TF marks pipelined
+// (pipeline_execution_with_tensor_core) look up one step old tables
+// (kernels/sparsecore_pipeline.h, semantics "Pipelining").
 // Every input is checked before an output is written: a bad one is
 // InvalidArgument naming the op and the offending index (and, for the
 // lookup and gradient ops, the table).  On the stand-in SparseCore TPU
@@ -18,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -28,6 +31,7 @@
 #include "core/sparsecore.h"
 #include "kernels/registration.h"
 #include "kernels/sparsecore_chips.h"
+#include "kernels/sparsecore_pipeline.h"
 #include "tensorflow/core/framework/function.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/resource_var.h"
@@ -95,6 +99,7 @@ class CsrLookupOp : public AsyncOpKernel {
                       absl::StrCat(op_, ": only float32 tables are implemented on CPU")));
     }
     OP_REQUIRES_OK(c, ReadChips(c, op_, &chips_));
+    pipelined_ = sparsecore_pipeline::Pipelined(c);
     OP_REQUIRES(c, input_size_ % chips_.num_sc == 0,
                 Invalid(op_, absl::StrCat("input_size ", input_size_, " is not divisible by ",
                                           chips_.num_sc, " sparse cores")));
@@ -110,8 +115,12 @@ class CsrLookupOp : public AsyncOpKernel {
     if (!caught.ok()) status = caught;
     const int64_t input_size = input_size_;
     const std::string op = op_;
+    // Pipelined: the table's undo log (sparsecore_pipeline.h), taken by this lookup.
+    const std::string log = pipelined_ ? sparsecore_pipeline::UndoLogs::Key(table_,
+                                                                            chips_.generation)
+                                       : std::string();
     RunOnChips(ctx, std::move(done), op_, table_, chips_, status, in,
-               [input_size, op](std::vector<ChipArrival>& a) {
+               [input_size, op, log](std::vector<ChipArrival>& a) {
                  std::vector<const Tensor*> tables;
                  for (ChipArrival& x : a) tables.push_back(&x.ctx->input(4));
                  std::vector<absl::Status> result(a.size(), SameShards(op, tables));
@@ -119,12 +128,21 @@ class CsrLookupOp : public AsyncOpKernel {
                  const int64_t width = tables[0]->dim_size(1);
                  std::vector<const float*> shards;
                  for (const Tensor* t : tables) shards.push_back(t->flat<float>().data());
+                 std::unique_ptr<sparsecore_pipeline::LookupView> old;
+                 if (!log.empty()) {
+                   old = std::make_unique<sparsecore_pipeline::LookupView>(log, tables);
+                   if (old->empty()) old.reset();
+                 }
+                 if (old != nullptr) shards = old->Shards(std::move(shards));
                  for (size_t k = 0; k < a.size(); ++k) {
                    Tensor* out;
                    result[k] = a[k].ctx->allocate_output(0, TensorShape({input_size, width}), &out);
                    if (!result[k].ok()) continue;
                    float* act = out->flat<float>().data();
-                   const std::vector<CsrId>& ids = static_cast<LookupInput*>(a[k].data.get())->ids;
+                   const std::vector<CsrId>& read = static_cast<LookupInput*>(a[k].data.get())->ids;
+                   std::vector<CsrId> redirected;
+                   if (old != nullptr) redirected = old->Redirect(read);
+                   const std::vector<CsrId>& ids = old != nullptr ? redirected : read;
                    // One part of the samples per intra-op thread; each part
                    // adds its samples' ids in buffer order (the result does
                    // not depend on the thread count).
@@ -149,6 +167,7 @@ class CsrLookupOp : public AsyncOpKernel {
   std::string table_;
   int64_t input_size_ = 0;
   Chips chips_;
+  bool pipelined_ = false;
 };
 // ------------------------------------------------- §6 gradient and optimizer
 
@@ -237,6 +256,7 @@ class CsrGradOp : public AsyncOpKernel {
     OP_REQUIRES_OK(c, ReadGradAttrs(c, op_, kOpt, &optimizer_));
     OP_REQUIRES_OK(c, c->GetAttr("table_name", &table_));
     OP_REQUIRES_OK(c, ReadChips(c, op_, &chips_));
+    pipelined_ = sparsecore_pipeline::Pipelined(c);
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
@@ -246,9 +266,11 @@ class CsrGradOp : public AsyncOpKernel {
     if (!caught.ok()) status = caught;
     const std::string op = op_;
     const SparseCoreOptimizer optimizer = optimizer_;
+    const std::string log = sparsecore_pipeline::UndoLogs::Key(table_, chips_.generation);
+    const bool pipelined = pipelined_;
     RunOnChips(ctx, std::move(done), op_, table_, chips_, status, in,
-               [op, optimizer](std::vector<ChipArrival>& a) {
-                 return Apply(op, optimizer, a);
+               [op, optimizer, log, pipelined](std::vector<ChipArrival>& a) {
+                 return Apply(op, optimizer, log, pipelined, a);
                });
   }
 
@@ -342,13 +364,18 @@ class CsrGradOp : public AsyncOpKernel {
                                              static_cast<uint64_t>(parts));
   }
 
+  // Pipelined, the update records each chip's undo log under `log` (the
+  // rows it changes, before and after: sparsecore_pipeline.h); else it drops
+  // the table's log.
   static std::vector<absl::Status> Apply(const std::string& op, const SparseCoreOptimizer& opt,
+                                         const std::string& log, bool pipelined,
                                          std::vector<ChipArrival>& a) {
     std::vector<const Tensor*> tables;
     for (ChipArrival& x : a) tables.push_back(&InputOf(x)->state[0]);
     std::vector<absl::Status> result(a.size(), SameShards(op, tables));
     if (!result[0].ok()) return result;
     const int64_t width = tables[0]->dim_size(1);
+    std::vector<sparsecore_pipeline::ShardLog> logs(pipelined ? a.size() : 0);
     for (size_t c = 0; c < a.size(); ++c) {
       GradInput* in = InputOf(a[c]);
       float* w[1 + kMaxSlots] = {};
@@ -367,6 +394,7 @@ class CsrGradOp : public AsyncOpKernel {
       int64_t ids = 0;
       for (ChipArrival& x : a) ids += static_cast<int64_t>(InputOf(x)->ids.size());
       const float lr = in->lr;
+      std::vector<sparsecore_pipeline::ShardLog> part_logs(pipelined ? parts : 0);
       pool->ParallelFor(parts, ids * width * 4, [&](int64_t begin, int64_t end) {
         thread_local std::vector<int64_t> touched;  // the thread's, as RowSums' map
         thread_local std::vector<float> sums;
@@ -374,11 +402,23 @@ class CsrGradOp : public AsyncOpKernel {
           touched.clear();
           sums.clear();
           RowSums(a, c, width, part, parts, &touched, &sums);
-          UpdateRows(opt, w, kSlots, touched.data(), sums.data(), width, lr, 0,
-                     static_cast<int64_t>(touched.size()));
+          const int64_t n = static_cast<int64_t>(touched.size());
+          if (pipelined) part_logs[part].Copy(w[0], touched.data(), n, width, /*post=*/false);
+          UpdateRows(opt, w, kSlots, touched.data(), sums.data(), width, lr, 0, n);
+          if (pipelined) part_logs[part].Copy(w[0], touched.data(), n, width, /*post=*/true);
         }
       });
+      if (pipelined) {
+        logs[c].buffer = w[0];
+        logs[c].shape = in->state[0].shape();
+        logs[c].width = width;
+        for (const sparsecore_pipeline::ShardLog& p : part_logs) logs[c].Append(p);
+      }
     }
+    bool all_ok = true;
+    for (const absl::Status& s : result) all_ok = all_ok && s.ok();
+    // A failed update leaves no log (its lookup reads the tables as they are).
+    sparsecore_pipeline::UndoLogs::Get().Put(log, pipelined && all_ok, std::move(logs));
     if (kInPlace) {
       // Let go of the variables' buffers before any replica's `done`: the
       // next step's update must find them unshared (no copy-on-write).
@@ -393,6 +433,7 @@ class CsrGradOp : public AsyncOpKernel {
   std::string table_;
   SparseCoreOptimizer optimizer_;
   Chips chips_;
+  bool pipelined_ = false;
 };
 
 // XlaSparseDenseMatmulGradWithCsrInput: the optimizer is the user's function
@@ -419,6 +460,11 @@ class CsrGradCustomOp : public OpKernel {
                     op_, ": a custom_computation optimizer across ", chips_.chips,
                     " chips is not implemented on the CPU stand-in (one chip only)")));
     num_sc_ = chips_.num_sc;
+    // Ours: no undo log for a user's optimizer (semantics "Pipelining").
+    OP_REQUIRES(c, !sparsecore_pipeline::Pipelined(c),
+                absl::UnimplementedError(absl::StrCat(
+                    op_, ": pipeline_execution_with_tensor_core with a custom_computation "
+                    "optimizer is not implemented on the CPU stand-in")));
   }
 
   void Compute(OpKernelContext* ctx) override {
