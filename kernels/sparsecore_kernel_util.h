@@ -1,6 +1,7 @@
-// Helpers of the SparseCore kernels (the lookup, gradient and standalone
-// optimizer kernels, kernels/sparsecore_matmul_kernels.cc and
-// kernels/sparsecore_chips.h; the custom-combiner ops,
+// Helpers of the SparseCore kernels (the lookup and gradient kernels,
+// kernels/sparsecore_matmul_kernels.cc and kernels/sparsecore_chips.h; the
+// standalone optimizers, kernels/sparsecore_standalone_kernels.cc; the
+// custom-combiner ops,
 // kernels/sparsecore_custom_combiner_kernels.cc; the COO lookup,
 // kernels/sparsecore_coo_matmul_kernel.cc; the preprocessing through
 // kernels/sparsecore_preprocess.h): input checks naming the op, registration
@@ -58,6 +59,16 @@ inline absl::Status ScalarValue(const std::string& op, const std::string& name, 
                                     t.shape().DebugString()));
   }
   *out = t.flat<float>()(0);
+  return absl::OkStatus();
+}
+
+// A slot (or other same-shaped input) against the embedding table.
+inline absl::Status CheckSameShape(const std::string& op, const char* name, const Tensor& t,
+                                   const Tensor& table) {
+  if (t.shape() != table.shape()) {
+    return Invalid(op, absl::StrCat(name, " has shape ", t.shape().DebugString(),
+                                    ", the embedding table ", table.shape().DebugString()));
+  }
   return absl::OkStatus();
 }
 

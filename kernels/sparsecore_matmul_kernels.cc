@@ -1,10 +1,13 @@
-// CPU kernels of the SparseCore lookup, gradient+optimizer and standalone
-// optimizer ops (TPUEmbeddingV2): XlaSparseDenseMatmulWith{CsrInput,
-// StaticBufferSize}, XlaSparseDenseMatmulGradWith<Opt>And{CsrInput,
-// StaticBufferSize} and XlaSparseCore<Opt>.  Registered as TfTpuEmb>Name and
-// under TF's name.  What they compute -- the one-chip CPU model of the CSR
-// buffers, the row gradient, the optimizers -- is docs/sparsecore_semantics.md
-// §5-§7; the row updates are core/optimizers.h's (one optimizer source).
+// CPU kernels of the SparseCore lookup and gradient+optimizer ops
+// (TPUEmbeddingV2): XlaSparseDenseMatmulWith{CsrInput, StaticBufferSize} and
+// XlaSparseDenseMatmulGradWith<Opt>And{CsrInput, StaticBufferSize} (the
+// standalone XlaSparseCore<Opt>: kernels/sparsecore_standalone_kernels.cc).
+// Registered as TfTpuEmb>Name and under TF's name.  What they compute -- the
+// one-chip CPU model of the CSR buffers, the row gradient, the optimizers --
+// is docs/sparsecore_semantics.md §5-§6; the row updates are
+// core/optimizers.h's (one optimizer source).  Ops TF marks pipelined
+// (pipeline_execution_with_tensor_core) look up one step old tables
+// (kernels/sparsecore_pipeline.h, semantics "Pipelining").
 // Every input is checked before an output is written: a bad one is
 // InvalidArgument naming the op and the offending index (and, for the
 // lookup and gradient ops, the table).  On the stand-in SparseCore TPU
@@ -17,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -27,6 +31,7 @@
 #include "core/sparsecore.h"
 #include "kernels/registration.h"
 #include "kernels/sparsecore_chips.h"
+#include "kernels/sparsecore_pipeline.h"
 #include "tensorflow/core/framework/function.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/resource_var.h"
@@ -45,6 +50,7 @@ using sparsecore_chips::ReadChips;
 using sparsecore_chips::ReadCsr;
 using sparsecore_chips::RunOnChips;
 using sparsecore_chips::SameShards;
+using sc_util::CheckSameShape;
 using sc_util::CopyToOutput;
 using sc_util::Opt;
 using sc_util::ReadGradAttrs;
@@ -54,14 +60,6 @@ using opt::AdagradMomentumHyper;
 using opt::AdamHyper;
 using opt::FtrlHyper;
 
-absl::Status CheckSameShape(const std::string& op, const char* name, const Tensor& t,
-                            const Tensor& table) {
-  if (t.shape() != table.shape()) {
-    return Invalid(op, absl::StrCat(name, " has shape ", t.shape().DebugString(),
-                                    ", the embedding table ", table.shape().DebugString()));
-  }
-  return absl::OkStatus();
-}
 
 
 // ------------------------------------------------------------ §5 the lookup
@@ -101,6 +99,7 @@ class CsrLookupOp : public AsyncOpKernel {
                       absl::StrCat(op_, ": only float32 tables are implemented on CPU")));
     }
     OP_REQUIRES_OK(c, ReadChips(c, op_, &chips_));
+    pipelined_ = sparsecore_pipeline::Pipelined(c);
     OP_REQUIRES(c, input_size_ % chips_.num_sc == 0,
                 Invalid(op_, absl::StrCat("input_size ", input_size_, " is not divisible by ",
                                           chips_.num_sc, " sparse cores")));
@@ -116,8 +115,12 @@ class CsrLookupOp : public AsyncOpKernel {
     if (!caught.ok()) status = caught;
     const int64_t input_size = input_size_;
     const std::string op = op_;
+    // Pipelined: the table's undo log (sparsecore_pipeline.h), taken by this lookup.
+    const std::string log = pipelined_ ? sparsecore_pipeline::UndoLogs::Key(table_,
+                                                                            chips_.generation)
+                                       : std::string();
     RunOnChips(ctx, std::move(done), op_, table_, chips_, status, in,
-               [input_size, op](std::vector<ChipArrival>& a) {
+               [input_size, op, log](std::vector<ChipArrival>& a) {
                  std::vector<const Tensor*> tables;
                  for (ChipArrival& x : a) tables.push_back(&x.ctx->input(4));
                  std::vector<absl::Status> result(a.size(), SameShards(op, tables));
@@ -125,12 +128,21 @@ class CsrLookupOp : public AsyncOpKernel {
                  const int64_t width = tables[0]->dim_size(1);
                  std::vector<const float*> shards;
                  for (const Tensor* t : tables) shards.push_back(t->flat<float>().data());
+                 std::unique_ptr<sparsecore_pipeline::LookupView> old;
+                 if (!log.empty()) {
+                   old = std::make_unique<sparsecore_pipeline::LookupView>(log, tables);
+                   if (old->empty()) old.reset();
+                 }
+                 if (old != nullptr) shards = old->Shards(std::move(shards));
                  for (size_t k = 0; k < a.size(); ++k) {
                    Tensor* out;
                    result[k] = a[k].ctx->allocate_output(0, TensorShape({input_size, width}), &out);
                    if (!result[k].ok()) continue;
                    float* act = out->flat<float>().data();
-                   const std::vector<CsrId>& ids = static_cast<LookupInput*>(a[k].data.get())->ids;
+                   const std::vector<CsrId>& read = static_cast<LookupInput*>(a[k].data.get())->ids;
+                   std::vector<CsrId> redirected;
+                   if (old != nullptr) redirected = old->Redirect(read);
+                   const std::vector<CsrId>& ids = old != nullptr ? redirected : read;
                    // One part of the samples per intra-op thread; each part
                    // adds its samples' ids in buffer order (the result does
                    // not depend on the thread count).
@@ -155,6 +167,7 @@ class CsrLookupOp : public AsyncOpKernel {
   std::string table_;
   int64_t input_size_ = 0;
   Chips chips_;
+  bool pipelined_ = false;
 };
 // ------------------------------------------------- §6 gradient and optimizer
 
@@ -243,6 +256,7 @@ class CsrGradOp : public AsyncOpKernel {
     OP_REQUIRES_OK(c, ReadGradAttrs(c, op_, kOpt, &optimizer_));
     OP_REQUIRES_OK(c, c->GetAttr("table_name", &table_));
     OP_REQUIRES_OK(c, ReadChips(c, op_, &chips_));
+    pipelined_ = sparsecore_pipeline::Pipelined(c);
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
@@ -252,9 +266,11 @@ class CsrGradOp : public AsyncOpKernel {
     if (!caught.ok()) status = caught;
     const std::string op = op_;
     const SparseCoreOptimizer optimizer = optimizer_;
+    const std::string log = sparsecore_pipeline::UndoLogs::Key(table_, chips_.generation);
+    const bool pipelined = pipelined_;
     RunOnChips(ctx, std::move(done), op_, table_, chips_, status, in,
-               [op, optimizer](std::vector<ChipArrival>& a) {
-                 return Apply(op, optimizer, a);
+               [op, optimizer, log, pipelined](std::vector<ChipArrival>& a) {
+                 return Apply(op, optimizer, log, pipelined, a);
                });
   }
 
@@ -348,13 +364,18 @@ class CsrGradOp : public AsyncOpKernel {
                                              static_cast<uint64_t>(parts));
   }
 
+  // Pipelined, the update records each chip's undo log under `log` (the
+  // rows it changes, before and after: sparsecore_pipeline.h); else it drops
+  // the table's log.
   static std::vector<absl::Status> Apply(const std::string& op, const SparseCoreOptimizer& opt,
+                                         const std::string& log, bool pipelined,
                                          std::vector<ChipArrival>& a) {
     std::vector<const Tensor*> tables;
     for (ChipArrival& x : a) tables.push_back(&InputOf(x)->state[0]);
     std::vector<absl::Status> result(a.size(), SameShards(op, tables));
     if (!result[0].ok()) return result;
     const int64_t width = tables[0]->dim_size(1);
+    std::vector<sparsecore_pipeline::ShardLog> logs(pipelined ? a.size() : 0);
     for (size_t c = 0; c < a.size(); ++c) {
       GradInput* in = InputOf(a[c]);
       float* w[1 + kMaxSlots] = {};
@@ -373,6 +394,7 @@ class CsrGradOp : public AsyncOpKernel {
       int64_t ids = 0;
       for (ChipArrival& x : a) ids += static_cast<int64_t>(InputOf(x)->ids.size());
       const float lr = in->lr;
+      std::vector<sparsecore_pipeline::ShardLog> part_logs(pipelined ? parts : 0);
       pool->ParallelFor(parts, ids * width * 4, [&](int64_t begin, int64_t end) {
         thread_local std::vector<int64_t> touched;  // the thread's, as RowSums' map
         thread_local std::vector<float> sums;
@@ -380,11 +402,23 @@ class CsrGradOp : public AsyncOpKernel {
           touched.clear();
           sums.clear();
           RowSums(a, c, width, part, parts, &touched, &sums);
-          UpdateRows(opt, w, kSlots, touched.data(), sums.data(), width, lr, 0,
-                     static_cast<int64_t>(touched.size()));
+          const int64_t n = static_cast<int64_t>(touched.size());
+          if (pipelined) part_logs[part].Copy(w[0], touched.data(), n, width, /*post=*/false);
+          UpdateRows(opt, w, kSlots, touched.data(), sums.data(), width, lr, 0, n);
+          if (pipelined) part_logs[part].Copy(w[0], touched.data(), n, width, /*post=*/true);
         }
       });
+      if (pipelined) {
+        logs[c].buffer = w[0];
+        logs[c].shape = in->state[0].shape();
+        logs[c].width = width;
+        for (const sparsecore_pipeline::ShardLog& p : part_logs) logs[c].Append(p);
+      }
     }
+    bool all_ok = true;
+    for (const absl::Status& s : result) all_ok = all_ok && s.ok();
+    // A failed update leaves no log (its lookup reads the tables as they are).
+    sparsecore_pipeline::UndoLogs::Get().Put(log, pipelined && all_ok, std::move(logs));
     if (kInPlace) {
       // Let go of the variables' buffers before any replica's `done`: the
       // next step's update must find them unshared (no copy-on-write).
@@ -399,6 +433,7 @@ class CsrGradOp : public AsyncOpKernel {
   std::string table_;
   SparseCoreOptimizer optimizer_;
   Chips chips_;
+  bool pipelined_ = false;
 };
 
 // XlaSparseDenseMatmulGradWithCsrInput: the optimizer is the user's function
@@ -425,6 +460,11 @@ class CsrGradCustomOp : public OpKernel {
                     op_, ": a custom_computation optimizer across ", chips_.chips,
                     " chips is not implemented on the CPU stand-in (one chip only)")));
     num_sc_ = chips_.num_sc;
+    // Ours: no undo log for a user's optimizer (semantics "Pipelining").
+    OP_REQUIRES(c, !sparsecore_pipeline::Pipelined(c),
+                absl::UnimplementedError(absl::StrCat(
+                    op_, ": pipeline_execution_with_tensor_core with a custom_computation "
+                    "optimizer is not implemented on the CPU stand-in")));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -527,120 +567,6 @@ class CsrGradCustomOp : public OpKernel {
   int64_t num_sc_ = 1;
 };
 
-// ------------------------------------------------- §7 standalone optimizers
-
-// XlaSparseCore<Opt>: input positions of each op's tensors (TF's orders
-// differ per op), and its outputs: table first, then the slots in the
-// op's output order.
-struct StandaloneLayout {
-  int indices, gradient, learning_rate, table;
-  int slots[2];          // inputs, in the optimizer's slot order
-  int slot_outputs[2];   // the output of each slot
-};
-
-template <Opt kOpt>
-constexpr StandaloneLayout LayoutOf() {
-  switch (kOpt) {
-    case Opt::kSgd: return {0, 1, 2, 3, {-1, -1}, {-1, -1}};
-    case Opt::kAdagrad: return {0, 1, 2, 4, {3, -1}, {1, -1}};
-    case Opt::kAdagradMomentum: return {0, 1, 2, 7, {5, 6}, {1, 2}};
-    // momentum, velocity in; table, velocity, momentum out.
-    case Opt::kAdam: return {1, 2, 3, 0, {4, 5}, {2, 1}};
-    case Opt::kFtrl: return {4, 5, 3, 0, {1, 2}, {1, 2}};
-  }
-  return {};
-}
-
-template <Opt kOpt>
-class StandaloneOp : public OpKernel {
- public:
-  explicit StandaloneOp(OpKernelConstruction* c) : OpKernel(c), op_(BareOpName(c)) {
-    optimizer_.opt = kOpt;
-    OP_REQUIRES_OK(c, c->GetAttr("feature_width", &width_));
-    OP_REQUIRES(c, width_ >= 1,
-                Invalid(op_, absl::StrCat("feature_width must be positive, got ", width_)));
-    if (kOpt == Opt::kAdagradMomentum) {
-      OP_REQUIRES_OK(c, c->GetAttr("use_nesterov", &optimizer_.momentum.use_nesterov));
-      OP_REQUIRES_OK(c, c->GetAttr("beta_2", &optimizer_.momentum.beta2));
-      OP_REQUIRES_OK(c, c->GetAttr("exponent", &optimizer_.momentum.exponent));
-      OP_REQUIRES(c, optimizer_.momentum.exponent != 0,
-                  Invalid(op_, "exponent must not be 0"));
-    } else if (kOpt == Opt::kAdam) {
-      OP_REQUIRES_OK(c, c->GetAttr("use_sum_inside_sqrt", &optimizer_.adam.use_sum_inside_sqrt));
-    } else if (kOpt == Opt::kFtrl) {
-      OP_REQUIRES_OK(c, c->GetAttr("multiply_linear_by_learning_rate",
-                                   &optimizer_.ftrl.multiply_linear_by_lr));
-      OP_REQUIRES_OK(c, c->GetAttr("l1_regularization_strength", &optimizer_.ftrl.l1));
-    }
-  }
-
-  void Compute(OpKernelContext* ctx) override {
-    constexpr StandaloneLayout L = LayoutOf<kOpt>();
-    constexpr int kSlots = kOpt == Opt::kSgd ? 0 : kOpt == Opt::kAdagrad ? 1 : 2;
-    const Tensor& indices = ctx->input(L.indices);
-    const Tensor& grads = ctx->input(L.gradient);
-    const Tensor& table = ctx->input(L.table);
-    OP_REQUIRES_OK(ctx, CheckRank(op_, "indices", indices, 1));
-    OP_REQUIRES_OK(ctx, CheckRank(op_, "embedding_table", table, 2));
-    OP_REQUIRES_OK(ctx, CheckRank(op_, "gradient", grads, 2));
-    const int64_t n = indices.NumElements(), rows = table.dim_size(0);
-    OP_REQUIRES(ctx, table.dim_size(1) == width_ && grads.dim_size(1) == width_ &&
-                         grads.dim_size(0) == n,
-                Invalid(op_, absl::StrCat("gradient ", grads.shape().DebugString(),
-                                          " and embedding_table ", table.shape().DebugString(),
-                                          " must be [", n, ", feature_width = ", width_,
-                                          "] and [rows, ", width_, "]")));
-    for (int k = 0; k < kSlots; ++k) {
-      OP_REQUIRES_OK(ctx, CheckSameShape(op_, "a slot variable", ctx->input(L.slots[k]), table));
-    }
-    float lr;
-    OP_REQUIRES_OK(ctx, ScalarValue(op_, "learning_rate", ctx->input(L.learning_rate), &lr));
-    SparseCoreOptimizer optimizer = optimizer_;
-    if (kOpt == Opt::kAdagradMomentum) {
-      OP_REQUIRES_OK(ctx, ScalarValue(op_, "beta_1", ctx->input(3), &optimizer.momentum.momentum));
-      OP_REQUIRES_OK(ctx, ScalarValue(op_, "epsilon", ctx->input(4), &optimizer.momentum.epsilon));
-    } else if (kOpt == Opt::kAdam) {
-      OP_REQUIRES_OK(ctx, ScalarValue(op_, "beta_1", ctx->input(6), &optimizer.adam.beta1));
-      OP_REQUIRES_OK(ctx, ScalarValue(op_, "beta_2", ctx->input(7), &optimizer.adam.beta2));
-      OP_REQUIRES_OK(ctx, ScalarValue(op_, "epsilon", ctx->input(8), &optimizer.adam.epsilon));
-    } else if (kOpt == Opt::kFtrl) {
-      OP_REQUIRES_OK(ctx, ScalarValue(op_, "beta", ctx->input(6), &optimizer.ftrl.beta));
-      OP_REQUIRES_OK(ctx, ScalarValue(op_, "learning_rate_power", ctx->input(7),
-                                      &optimizer.ftrl.lr_power));
-      OP_REQUIRES_OK(ctx, ScalarValue(op_, "l2_regularization_strength", ctx->input(8),
-                                      &optimizer.ftrl.l2));
-    }
-    const auto idx = indices.vec<int32_t>();
-    for (int64_t i = 0; i < n; ++i) {
-      OP_REQUIRES(ctx, idx(i) >= 0 && idx(i) < rows,
-                  Invalid(op_, absl::StrCat("indices[", i, "] = ", idx(i), " is outside [0, ", rows,
-                                            ") (rows of the embedding table)")));
-    }
-    float* w;
-    float* s[kMaxSlots] = {};
-    OP_REQUIRES_OK(ctx, CopyToOutput(ctx, 0, table, &w));
-    for (int k = 0; k < kSlots; ++k) {
-      OP_REQUIRES_OK(ctx, CopyToOutput(ctx, L.slot_outputs[k], ctx->input(L.slots[k]), &s[k]));
-    }
-    const float* g = grads.flat<float>().data();
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t off = static_cast<int64_t>(idx(i)) * width_;
-      RowArgs a{};
-      a.w = w + off;
-      for (int k = 0; k < kSlots; ++k) a.s[k] = s[k] + off;
-      a.g = g + i * width_;
-      a.dim = static_cast<int>(width_);
-      a.lr = lr;
-      optimizer.Update(a, /*clip=*/false);
-    }
-  }
-
- private:
-  const std::string op_;
-  SparseCoreOptimizer optimizer_;
-  int64_t width_ = 1;
-};
-
 template <typename Kernel>
 void Register(const std::string& bare) {
   RegisterCpuKernel<Kernel>(bare, CoreOpRegistered(bare));
@@ -654,7 +580,6 @@ void RegisterOptimizer(const char* infix) {
     // Ours only (no TF op of that name).
     RegisterCpuKernel<CsrGradOp<kOpt, true>>(bare + "InPlace", /*core=*/false);
   }
-  Register<StandaloneOp<kOpt>>(absl::StrCat("XlaSparseCore", infix));
 }
 
 bool RegisterKernels() {

@@ -50,28 +50,45 @@ def _scale(combiner, weights):
     return f32(1 / np.float64(s)) if combiner == "mean" else f32(1 / np.sqrt(np.float64(s)))
 
 
-def train(result, opt, tables_spec, features_spec, hyper, learning_rates):
-    """(tables after every step's update, activations of every step)."""
+def activations(tables, step, tables_spec, features_spec):
+    """One step's lookup of ``tables``: (activations per feature, per table
+    its (row, sample, feature, gain) contributions)."""
+    acts, contributions = {}, {t: [] for t in tables}
+    for f, (table, _, _) in features_spec.items():
+        combiner = tables_spec[table][2]
+        lengths = np.array(step[f]["lengths"])
+        ids = np.array(step[f]["ids"])
+        weights = np.array(step[f]["weights"], f32)
+        starts = np.concatenate([[0], np.cumsum(lengths)])
+        act = np.zeros((len(lengths), tables[table].shape[1]), f32)
+        for s in range(len(lengths)):
+            sid, sw = ids[starts[s]:starts[s + 1]], weights[starts[s]:starts[s + 1]]
+            scale = _scale(combiner, sw)
+            for i, w in zip(sid, sw):
+                act[s] += (w * scale) * tables[table][i]
+                contributions[table].append((i, s, f, w * scale))
+        acts[f] = act
+    return acts, contributions
+
+
+def train(result, opt, tables_spec, features_spec, hyper, learning_rates, pipelined=False,
+          with_previous=False):
+    """(tables after every step's update, activations of every step).
+
+    ``pipelined`` (pipeline_execution_with_tensor_core, semantics
+    "Pipelining"): step N+1's lookup reads the tables as they were before
+    step N's update (step 0 and 1 read the initial tables); the updates are
+    applied in order as always.  ``with_previous``: also the tables before
+    the last update (what the next lookup of a pipelined run reads)."""
     tables = {t: np.array(v, f32) for t, v in result["initial"].items()}
+    previous = {t: v.copy() for t, v in tables.items()}  # before the last update
     slots = {t: initial_slots(opt, tables[t].shape, hyper) for t in tables}
     h = _update_hyper(opt, hyper)
     all_acts = []
     for step in result["inputs"]:
-        acts, contributions = {}, {t: [] for t in tables}
-        for f, (table, _, _) in features_spec.items():
-            combiner = tables_spec[table][2]
-            lengths = np.array(step[f]["lengths"])
-            ids = np.array(step[f]["ids"])
-            weights = np.array(step[f]["weights"], f32)
-            starts = np.concatenate([[0], np.cumsum(lengths)])
-            act = np.zeros((len(lengths), tables[table].shape[1]), f32)
-            for s in range(len(lengths)):
-                sid, sw = ids[starts[s]:starts[s + 1]], weights[starts[s]:starts[s + 1]]
-                scale = _scale(combiner, sw)
-                for i, w in zip(sid, sw):
-                    act[s] += (w * scale) * tables[table][i]
-                    contributions[table].append((i, s, f, w * scale))
-            acts[f] = act
+        acts, contributions = activations(previous if pipelined else tables, step,
+                                          tables_spec, features_spec)
+        previous = {t: v.copy() for t, v in tables.items()}
         grads = {f: acts[f] + np.array(step[f]["offsets"], f32) for f in acts}
         for t, items in contributions.items():
             row_grads = {}
@@ -85,4 +102,6 @@ def train(result, opt, tables_spec, features_spec, hyper, learning_rates):
                 for x, v in zip(slots[t], new_slots):
                     x[i] = v
         all_acts.append(acts)
+    if with_previous:
+        return tables, all_acts, previous
     return tables, all_acts

@@ -11,10 +11,13 @@ with TF's own unshuffle, tpu_embedding_v3_utils) and every step's global
 activations to OUT.json, for the test's numpy model.  Even steps look up with
 ``embedding(features)``, odd ones with ``enqueue`` + ``dequeue``.
 
-MODE: ``train`` (the above), ``checkpoint`` (train, save, restore into a fresh
-object and write both objects' tables), ``missing`` (one replica runs a lookup
-alone), ``bad_ids`` (an id past the table on replica N-1), ``enqueue_device``
-(``enqueue(..., device=worker_devices[0])``, one replica).
+MODE: ``train`` (the above), ``pipelined`` (train with
+``pipeline_execution_with_tensor_core=True``, then two lookups without an
+update), ``sequential`` (the same object, its step traced in TF's
+``SequentialEmbeddingContext``), ``checkpoint`` (train, save, restore into a
+fresh object and write both objects' tables), ``missing`` (one replica runs a
+lookup alone), ``bad_ids`` (an id past the table on replica N-1),
+``enqueue_device`` (``enqueue(..., device=worker_devices[0])``, one replica).
 """
 import json
 import sys
@@ -94,7 +97,7 @@ def replica_slice(feature, k, per_replica):
     return lengths[lo:hi], ids, weights
 
 
-def make_embedding(strategy, opt_name, per_replica, build=True):
+def make_embedding(strategy, opt_name, per_replica, build=True, pipelining=False):
     tables = {name: E.TableConfig(vocabulary_size=v, dim=d, combiner=c, name=name,
                                   optimizer=optimizer(opt_name, LEARNING_RATES[name]))
               for name, (v, d, c) in TABLES.items()}
@@ -102,7 +105,8 @@ def make_embedding(strategy, opt_name, per_replica, build=True):
               for f, (t, _, _) in FEATURES.items()}
     with strategy.scope():
         embedding = tf.tpu.experimental.embedding.TPUEmbeddingV2(
-            config, sparse_core_embedding_config=E.SparseCoreEmbeddingConfig(
+            config, pipeline_execution_with_tensor_core=pipelining,
+            sparse_core_embedding_config=E.SparseCoreEmbeddingConfig(
                 max_ids_per_chip_per_sample=64))
         if build:
             embedding.build()
@@ -239,7 +243,8 @@ def main():
     feature = strategy.extended.tpu_hardware_feature
     n = strategy.num_replicas_in_sync
     per_replica = GLOBAL_BATCH // n
-    embedding = make_embedding(strategy, opt_name, per_replica)
+    embedding = make_embedding(strategy, opt_name, per_replica,
+                               pipelining=mode in ("pipelined", "sequential"))
     data = inputs(steps)
     result = {"replicas": n, "embedding_feature": str(feature.embedding_feature),
               "sparsecores_per_chip": feature.num_embedding_devices_per_chip,
@@ -321,12 +326,29 @@ def main():
             json.dump(result, f)
         return
 
+    def global_acts(acts):
+        return {f: np.concatenate([a.numpy() for a in strategy.experimental_local_results(
+            acts[f])]).tolist() for f in FEATURES}
+
     for k, step in enumerate(data):
-        acts = train_step(distributed(strategy, step, per_replica), split=k % 2 == 1)
-        result["activations"].append({
-            f: np.concatenate([a.numpy() for a in strategy.experimental_local_results(acts[f])]
-                              ).tolist() for f in FEATURES})
+        dist = distributed(strategy, step, per_replica)
+        if mode == "sequential":  # TF's switch: pipelining off for what is traced in it
+            from tensorflow.python.tpu import embedding_context_utils  # pylint: disable=import-outside-toplevel
+            with embedding_context_utils.SequentialEmbeddingContext():
+                acts = train_step(dist, split=k % 2 == 1)
+        else:
+            acts = train_step(dist, split=k % 2 == 1)
+        result["activations"].append(global_acts(acts))
     result["final"] = logical_tables(embedding)
+    if mode == "pipelined":
+        # Two lookups without an update: the first does not see the last
+        # update, the second does.
+        @tf.function
+        def lookup(dist):
+            return strategy.run(lambda f, w, o: embedding(f, w)[0], args=dist)
+        result["lookups_after"] = [global_acts(lookup(distributed(strategy, data[0],
+                                                                  per_replica)))
+                                   for _ in range(2)]
     # The stand-in's seam 7 (tf_tpu_emb/tpu/embedding_v2.py): per traced
     # step, the in-place updates and TF's gradient ops still feeding anything.
     graphs = [f.graph for f in train_step._list_all_concrete_functions()]  # pylint: disable=protected-access
@@ -335,6 +357,13 @@ def main():
     result["used_grad_ops"] = [sum(op.type.startswith("XlaSparseDenseMatmulGradWith")
                                    and any(t.consumers() for t in op.outputs)
                                    for op in g.get_operations()) for g in graphs]
+    # TF's pipelining marks on the lookup and in-place ops (seam 8).
+    result["pipelining_marks"] = sorted({
+        "%s=%s" % ("lookup" if "GradWith" not in op.type else "update",
+                   op.node_def.attr["_embedding_pipelining"].s.decode()
+                   if "_embedding_pipelining" in op.node_def.attr else "")
+        for g in graphs for op in g.get_operations()
+        if op.type.startswith("XlaSparseDenseMatmul") or op.type.endswith("InPlace")})
     # TF's two views of the stacked tables: embedding_tables (the sharded
     # variables, keyed by stacked table) and embedding_table_shards (each
     # chip's shard read on its device).

@@ -87,11 +87,66 @@ def test_in_place_update_equals_tfs_functional_path(tmp_path, monkeypatch, opt):
     fast = run_script(tmp_path, 2, "train", opt)
     assert fast["in_place_ops"] == [2 * 2, 2 * 2]  # 2 stacked tables x 2 replicas, 2 traces
     assert fast["used_grad_ops"] == [0, 0]
+    assert fast["pipelining_marks"] == ["lookup=", "update="]  # no flag, no mark
     monkeypatch.setenv("TF_TPU_EMB_V2_IN_PLACE", "0")
     slow = run_script(tmp_path, 2, "train", opt)
     assert slow["in_place_ops"] == [0, 0] and slow["used_grad_ops"] == [4, 4]
     assert_equals_model(fast, opt)
     assert_equals_model(slow, opt)
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+@pytest.mark.parametrize("opt", ["sgd", "adagrad"])
+def test_pipelined_lookups_are_one_step_old(tmp_path, opt, replicas):
+    """pipeline_execution_with_tensor_core=True (seam 8, semantics
+    "Pipelining"): step N+1's lookup does not see step N's update, step
+    N+2's does; the updates, and so the final tables, follow in order.  Every
+    step's activations and the final tables equal the pipelined numpy model;
+    the first lookup after training does not see the last update, the second
+    does."""
+    result = run_script(tmp_path, replicas, "pipelined", opt, steps=4)
+    assert result["pipelining_marks"] == ["lookup=forward", "update=backward"]
+    tables, activations, previous = sparsecore_v2_model.train(
+        result, opt, script.TABLES, script.FEATURES, script.HYPER[opt], script.LEARNING_RATES,
+        pipelined=True, with_previous=True)
+    for step, (got, want) in enumerate(zip(result["activations"], activations)):
+        for feature in script.FEATURES:
+            assert_close(got[feature], want[feature], "step %d, %s" % (step, feature))
+    for name in script.TABLES:
+        assert_close(result["final"][name], tables[name], name)
+    # Not the program-order run: from step 1 on the activations differ.
+    _, in_order = model(result, opt)
+    assert np.abs(np.array(result["activations"][1]["clicked"])
+                  - in_order[1]["clicked"]).max() > 1e-3
+    lookup = sparsecore_v2_model.activations
+    first, second = result["lookups_after"]
+    for tables_seen, got in ((previous, first), (tables, second)):
+        want, _ = lookup(tables_seen, result["inputs"][0], script.TABLES, script.FEATURES)
+        for feature in script.FEATURES:
+            assert_close(got[feature], want[feature], feature)
+
+
+def test_pipelined_functional_path_and_tfs_sequential_switch(tmp_path, monkeypatch):
+    """Pipelining on TF's functional path (TF_TPU_EMB_V2_IN_PLACE=0: the
+    gradient op's outputs assigned) equals the pipelined model too; a step
+    traced in TF's SequentialEmbeddingContext runs in program order (TF marks
+    its ops "..._sequential"), as does a run without the flag."""
+    monkeypatch.setenv("TF_TPU_EMB_V2_IN_PLACE", "0")
+    functional = run_script(tmp_path, 2, "pipelined", "adagrad", steps=4)
+    assert functional["in_place_ops"] == [0, 0]
+    tables, activations = sparsecore_v2_model.train(
+        functional, "adagrad", script.TABLES, script.FEATURES, script.HYPER["adagrad"],
+        script.LEARNING_RATES, pipelined=True)
+    for step, (got, want) in enumerate(zip(functional["activations"], activations)):
+        for feature in script.FEATURES:
+            assert_close(got[feature], want[feature], "step %d, %s" % (step, feature))
+    for name in script.TABLES:
+        assert_close(functional["final"][name], tables[name], name)
+    monkeypatch.delenv("TF_TPU_EMB_V2_IN_PLACE")
+    sequential = run_script(tmp_path, 2, "sequential", "adagrad", steps=4)
+    assert sequential["pipelining_marks"] == ["lookup=forward_sequential",
+                                              "update=backward_sequential"]
+    assert_equals_model(sequential, "adagrad")
 
 
 def test_checkpoint_is_the_sharded_stacked_layout_and_restores(tmp_path):

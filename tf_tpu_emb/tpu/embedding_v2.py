@@ -67,6 +67,16 @@ is installed (``tf_tpu_emb.tpu.uninstall`` restores TF's public names):
    pruned.  The result is the functional op's, bit for bit
    (tests/sparsecore/test_sparsecore_v2_standin.py).  Eagerly (no graph to
    rewrite), or with ``TF_TPU_EMB_V2_IN_PLACE=0``, TF's path runs as written.
+8. **Pipelining** (``pipeline_execution_with_tensor_core=True``).  On a TPU
+   the lookup of step N+1 overlaps the TensorCore's step N, so it does not
+   see step N's update.  TF marks the ops it makes with the flag (the node
+   attr ``_embedding_pipelining``: "forward" / "backward"; "..._sequential"
+   where TF turns it off); our kernels read the mark, the in-place op of
+   seam 7 carries its gradient op's, and a pipelined update keeps the rows
+   it changed as they were for the table's next lookup
+   (kernels/sparsecore_pipeline.h; docs/sparsecore_semantics.md
+   "Pipelining").  The tables stay up to date, so checkpoints and
+   ``embedding_tables`` need nothing; both paths of seam 7 honour it.
 9. **The enqueue device.**  ``enqueue(features, device=d)`` preprocesses on
    the host of ``d``, which TF requires to be a TPU device; a TPU program
    passes one of its strategy's ``worker_devices``.  The stand-in's replica
@@ -89,6 +99,9 @@ __all__ = ["TPUEmbeddingV2", "TPUEmbeddingShardedVariable"]
 # TF's gradient+optimizer op -> our in-place form of it (seam 7).
 _IN_PLACE = {name[:-len("InPlace")]: name for name in tte_ops.SPARSECORE_IN_PLACE_OP_NAMES}
 _TABLES_AT = 6  # input index of embedding_table; the slots follow (TF's op defs)
+# The node attr TF's EmbeddingPipeliningContext puts on the lookup and
+# gradient ops of pipeline_execution_with_tensor_core (seam 8).
+_PIPELINE_ATTR = "_embedding_pipelining"
 # graph -> {gradient op name: its in-place op, or None where it cannot be one}
 _rewritten = weakref.WeakKeyDictionary()
 
@@ -137,10 +150,15 @@ def _in_place_update(component, value):
             inputs = list(op.inputs)
             inputs[_TABLES_AT:_TABLES_AT + len(reads)] = [r.inputs[0] for r in reads]
             kwargs = {arg.name: t for arg, t in zip(op.op_def.input_arg, inputs)}
-            kwargs.update({name: op.get_attr(name) for name in op.node_def.attr})
+            kwargs.update({a.name: op.get_attr(a.name) for a in op.op_def.attr})
             with ops.device(op.device):
-                done[op.name] = tte_ops.raw_op(_IN_PLACE[bare])(
+                update = tte_ops.raw_op(_IN_PLACE[bare])(
                     name=op.name.rsplit("/", 1)[-1] + "InPlace", **kwargs)
+            # TF's pipelining mark (pipeline_execution_with_tensor_core), which
+            # the kernel reads (kernels/sparsecore_pipeline.h).
+            if _PIPELINE_ATTR in op.node_def.attr:
+                update._set_attr(_PIPELINE_ATTR, op.node_def.attr[_PIPELINE_ATTR])  # pylint: disable=protected-access
+            done[op.name] = update
     return done[op.name]
 
 

@@ -36,6 +36,10 @@ tf_tpu_emb/tpu/embedding_v2.py).  Three more things of a ``TPUExtended`` /
 table shard on its own device), and an eager ``run`` traced and run as a
 ``tf.function`` (TF's ``TPUStrategy`` compiles an eager ``run`` too; the
 replicas' SparseCore kernels of a step meet within one function call).
+TF's switch that turns embedding pipelining off for what is traced under it
+(``SequentialEmbeddingContext``, a thread-local of TF 2.17 on) reaches the
+replicas' functions, which ``MirroredStrategy`` runs in threads of their own
+(on a TPU they run in the caller's).
 
 Collective keys.  On a TPU a strategy's cross-replica sums are compiled into
 its own XLA program, so two TPU strategies of one process (a test suite that
@@ -49,6 +53,7 @@ own (TF's own tests do the same with ``MirroredStrategy._collective_key_base``).
 """
 import contextlib
 import copy
+import functools
 import itertools
 import weakref
 
@@ -60,6 +65,10 @@ from tensorflow.python.distribute import mirrored_strategy
 from tensorflow.python.distribute import tpu_strategy
 from tensorflow.python.distribute.cluster_resolver.tpu import tpu_cluster_resolver
 from tensorflow.python.tpu import tpu_hardware_feature
+try:
+    from tensorflow.python.tpu import embedding_context_utils
+except ImportError:  # TF 2.16: no SequentialEmbeddingContext
+    embedding_context_utils = None
 
 from tf_tpu_emb.tpu import system as system_lib
 
@@ -242,6 +251,25 @@ def _check_logical_device(logical_device_id):
             "programs unchanged\").".format(logical_device_id))
 
 
+def _callers_pipelining(fn):
+    """``fn``, run with the calling thread's embedding-pipelining switch
+    (module doc, "SparseCore systems"); ``fn`` itself where it is on (every
+    thread's default)."""
+    state = getattr(embedding_context_utils, "embedding_pipelining_state", None)
+    if state is None or state.enabled:
+        return fn
+
+    @functools.wraps(fn)
+    def sequential(*args, **kwargs):
+        before = state.enabled
+        state.enabled = False
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            state.enabled = before
+    return sequential
+
+
 class TPUStrategy(tpu_strategy.TPUStrategyV2, tpu_strategy.TPUStrategy):
     """``tf.distribute.TPUStrategy`` (and ``tf.distribute.experimental.TPUStrategy``)
     of the stand-in: synchronous training over the TPU system's N CPU replicas
@@ -288,10 +316,13 @@ class TPUStrategy(tpu_strategy.TPUStrategyV2, tpu_strategy.TPUStrategy):
             function = self._v2_run_functions.get(fn)
             if function is None:
                 def replicated(args, kwargs, options):
-                    return distribute_lib.Strategy.run(self, fn, args, kwargs, options)
+                    return distribute_lib.Strategy.run(self, _callers_pipelining(fn), args,
+                                                       kwargs, options)
                 function = tf.function(replicated, autograph=False)
                 self._v2_run_functions[fn] = function
             return function(args, kwargs or {}, options)
+        if self.extended.tf_tpu_emb_system.embedding == "v2":
+            fn = _callers_pipelining(fn)
         return distribute_lib.Strategy.run(self, fn, args, kwargs, options)
 
     @property
