@@ -119,7 +119,7 @@ class RecvOp : public AsyncOpKernel {
   // The lookup of the batch the wait produced (or the wait's error).
   void Finish(OpKernelContext* ctx, Call* call, absl::Status status) const {
     if (status.ok()) {
-      status = CatchExceptions(op_, [&] {
+      const absl::Status thrown = CatchExceptions(op_, [&] {
         Engine& engine = *call->engine;
         if (kRouted) {
           status = AllocateRouted(ctx, engine, call);
@@ -131,6 +131,7 @@ class RecvOp : public AsyncOpKernel {
         }
         engine.SetInFlight(call->replica, std::move(call->batch));
       });
+      if (!thrown.ok()) status = thrown;  // else the lambda's own status stands
     }
     if (!status.ok()) ctx->SetStatus(status);
   }

@@ -179,7 +179,10 @@ inline void RunOnChips(OpKernelContext* ctx, AsyncOpKernel::DoneCallback done,
     std::vector<ChipArrival> one{std::move(arrival)};
     absl::Status s = one[0].status;
     if (s.ok()) {
-      s = CatchExceptions(op, [&] { s = work(one)[0]; });
+      // The work's own status, unless it threw.
+      absl::Status worked;
+      const absl::Status caught = CatchExceptions(op, [&] { worked = work(one)[0]; });
+      s = caught.ok() ? worked : caught;
     }
     if (!s.ok()) ctx->SetStatus(NameTable(s, table));
     one[0].done();

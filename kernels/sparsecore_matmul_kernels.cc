@@ -1,7 +1,9 @@
 // CPU kernels of the SparseCore lookup and gradient+optimizer ops
 // (TPUEmbeddingV2): XlaSparseDenseMatmulWith{CsrInput, StaticBufferSize} and
 // XlaSparseDenseMatmulGradWith<Opt>And{CsrInput, StaticBufferSize} (the
-// standalone XlaSparseCore<Opt>: kernels/sparsecore_standalone_kernels.cc).
+// standalone XlaSparseCore<Opt>: kernels/sparsecore_standalone_kernels.cc; the
+// user's-function optimizer XlaSparseDenseMatmulGradWithCsrInput:
+// kernels/sparsecore_custom_optimizer_kernel.cc).
 // Registered as TfTpuEmb>Name and under TF's name.  What they compute -- the
 // one-chip CPU model of the CSR buffers, the row gradient, the optimizers --
 // is docs/sparsecore_semantics.md §5-§6; the row updates are
@@ -32,7 +34,6 @@
 #include "kernels/registration.h"
 #include "kernels/sparsecore_chips.h"
 #include "kernels/sparsecore_pipeline.h"
-#include "tensorflow/core/framework/function.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -436,137 +437,6 @@ class CsrGradOp : public AsyncOpKernel {
   bool pipelined_ = false;
 };
 
-// XlaSparseDenseMatmulGradWithCsrInput: the optimizer is the user's function
-// (`custom_computation`), called once per touched row with the row's
-// gradient [1, width], each table's row ([1, cols], or [1] for a vector slot)
-// and each hyper-parameter broadcast to [1, width]; it returns the N updated
-// rows (semantics §6, TF's argument layout in sparse_core_xla_ops.cc).
-class CsrGradCustomOp : public OpKernel {
- public:
-  explicit CsrGradCustomOp(OpKernelConstruction* c) : OpKernel(c), op_(BareOpName(c)) {
-    const ::tensorflow::NameAttrList* func;
-    OP_REQUIRES_OK(c, c->GetAttr("custom_computation", &func));
-    func_ = *func;
-    ::tensorflow::DataType t;
-    OP_REQUIRES_OK(c, c->GetAttr("T", &t));
-    OP_REQUIRES(c, t == ::tensorflow::DT_FLOAT,
-                absl::UnimplementedError(
-                    absl::StrCat(op_, ": only float32 tables are implemented on CPU")));
-    OP_REQUIRES_OK(c, ReadChips(c, op_, &chips_));
-    // Ours: a user function as the optimizer runs on one chip's ids only
-    // (semantics "Multi-chip").
-    OP_REQUIRES(c, chips_.chips == 1,
-                absl::UnimplementedError(absl::StrCat(
-                    op_, ": a custom_computation optimizer across ", chips_.chips,
-                    " chips is not implemented on the CPU stand-in (one chip only)")));
-    num_sc_ = chips_.num_sc;
-    // Ours: no undo log for a user's optimizer (semantics "Pipelining").
-    OP_REQUIRES(c, !sparsecore_pipeline::Pipelined(c),
-                absl::UnimplementedError(absl::StrCat(
-                    op_, ": pipeline_execution_with_tensor_core with a custom_computation "
-                    "optimizer is not implemented on the CPU stand-in")));
-  }
-
-  void Compute(OpKernelContext* ctx) override {
-    OpInputList tables, hypers;
-    OP_REQUIRES_OK(ctx, ctx->input_list("tables", &tables));
-    OP_REQUIRES_OK(ctx, ctx->input_list("hyperparameters", &hypers));
-    const Tensor& grads = ctx->input(4);
-    const Tensor& table = tables[0];
-    OP_REQUIRES_OK(ctx, CheckRank(op_, "activation_gradients", grads, 2));
-    OP_REQUIRES_OK(ctx, CheckRank(op_, "tables[0]", table, 2));
-    const int64_t rows = table.dim_size(0), width = table.dim_size(1), batch = grads.dim_size(0);
-    OP_REQUIRES(ctx, grads.dim_size(1) == width && batch % num_sc_ == 0,
-                Invalid(op_, absl::StrCat("activation_gradients ", grads.shape().DebugString(),
-                                          " must be [a multiple of ", num_sc_, ", ", width, "]")));
-    for (int i = 1; i < tables.size(); ++i) {
-      OP_REQUIRES(ctx, (tables[i].dims() == 1 || tables[i].dims() == 2) &&
-                           tables[i].dim_size(0) == rows,
-                  Invalid(op_, absl::StrCat("tables[", i, "] has shape ",
-                                            tables[i].shape().DebugString(), "; [", rows,
-                                            "] or [", rows, ", cols] expected")));
-    }
-    std::vector<float> hyper(hypers.size());
-    for (int j = 0; j < hypers.size(); ++j) {
-      OP_REQUIRES_OK(ctx, ScalarValue(op_, "a hyperparameter", hypers[j], &hyper[j]));
-    }
-    std::vector<CsrId> ids;
-    OP_REQUIRES_OK(ctx, ReadCsr(op_, ctx, table, ctx->input(ctx->num_inputs() - 1), chips_,
-                                batch / num_sc_, &ids));
-    std::vector<int64_t> slot_of(rows, -1), touched;
-    std::vector<float> sums;
-    const float* g = grads.flat<float>().data();
-    for (const CsrId& id : ids) {
-      int64_t& slot = slot_of[id.row];
-      if (slot < 0) {
-        slot = static_cast<int64_t>(touched.size());
-        touched.push_back(id.row);
-        sums.resize(sums.size() + width, 0.0f);
-      }
-      for (int64_t d = 0; d < width; ++d) {
-        sums[slot * width + d] += id.gain * g[id.sample * width + d];
-      }
-    }
-    std::vector<float*> out(tables.size());
-    std::vector<int64_t> cols(tables.size());
-    for (int i = 0; i < tables.size(); ++i) {
-      OP_REQUIRES_OK(ctx, CopyToOutput(ctx, i, tables[i], &out[i]));
-      cols[i] = tables[i].dims() == 2 ? tables[i].dim_size(1) : 0;
-    }
-    if (touched.empty()) return;
-
-    ::tensorflow::FunctionLibraryRuntime* flr = ctx->function_library();
-    OP_REQUIRES(ctx, flr != nullptr,
-                absl::InternalError(absl::StrCat(op_, ": no function library runtime")));
-    ::tensorflow::FunctionLibraryRuntime::Handle handle;
-    OP_REQUIRES_OK(ctx, flr->Instantiate(func_.name(), ::tensorflow::AttrSlice(&func_.attr()),
-                                         &handle));
-    ::tensorflow::FunctionLibraryRuntime::Options opts;
-    opts.runner = ctx->runner();
-    opts.cancellation_manager = ctx->cancellation_manager();
-    opts.rendezvous = ctx->rendezvous();
-    // Arguments: gradient, the tables' rows, the hyper-parameters.
-    std::vector<Tensor> args;
-    args.emplace_back(::tensorflow::DT_FLOAT, TensorShape({1, width}));
-    for (int i = 0; i < tables.size(); ++i) {
-      args.emplace_back(::tensorflow::DT_FLOAT, cols[i] ? TensorShape({1, cols[i]})
-                                                        : TensorShape({1}));
-    }
-    for (float h : hyper) {
-      args.emplace_back(::tensorflow::DT_FLOAT, TensorShape({1, width}));
-      std::fill_n(args.back().flat<float>().data(), width, h);
-    }
-    for (size_t t = 0; t < touched.size(); ++t) {
-      const int64_t row = touched[t];
-      std::copy_n(sums.data() + t * width, width, args[0].flat<float>().data());
-      for (int i = 0; i < tables.size(); ++i) {
-        const int64_t n = cols[i] ? cols[i] : 1;
-        std::copy_n(out[i] + row * n, n, args[1 + i].flat<float>().data());
-      }
-      std::vector<Tensor> rets;
-      OP_REQUIRES_OK(ctx, flr->RunSync(opts, handle, args, &rets));
-      OP_REQUIRES(ctx, static_cast<int>(rets.size()) == tables.size(),
-                  Invalid(op_, absl::StrCat("custom_computation returned ", rets.size(),
-                                            " tensors for ", tables.size(), " tables")));
-      for (int i = 0; i < tables.size(); ++i) {
-        const int64_t n = cols[i] ? cols[i] : 1;
-        OP_REQUIRES(ctx, rets[i].dtype() == ::tensorflow::DT_FLOAT && rets[i].NumElements() == n,
-                    Invalid(op_, absl::StrCat("custom_computation's output ", i, " is ",
-                                              rets[i].DebugString(), "; ", n,
-                                              " float32 elements (one row of tables[", i,
-                                              "]) expected")));
-        std::copy_n(rets[i].flat<float>().data(), n, out[i] + row * n);
-      }
-    }
-  }
-
- private:
-  const std::string op_;
-  ::tensorflow::NameAttrList func_;
-  Chips chips_;
-  int64_t num_sc_ = 1;
-};
-
 template <typename Kernel>
 void Register(const std::string& bare) {
   RegisterCpuKernel<Kernel>(bare, CoreOpRegistered(bare));
@@ -585,7 +455,6 @@ void RegisterOptimizer(const char* infix) {
 bool RegisterKernels() {
   Register<CsrLookupOp>("XlaSparseDenseMatmulWithCsrInput");
   Register<CsrLookupOp>("XlaSparseDenseMatmulWithStaticBufferSize");
-  Register<CsrGradCustomOp>("XlaSparseDenseMatmulGradWithCsrInput");
   RegisterOptimizer<Opt::kSgd>("Sgd");
   RegisterOptimizer<Opt::kAdagrad>("Adagrad");
   RegisterOptimizer<Opt::kAdagradMomentum>("AdagradMomentum");
