@@ -17,11 +17,11 @@ pytestmark = [pytest.mark.clients, pytest.mark.system]
 SCRIPT = harness.script(__file__, "keras_rs_sparsecore_script.py")
 
 
-def run(optimizer, replicas, loop, placement):
+def run(optimizer, replicas, loop, placement, *extra):
     clients_common.require("keras_rs")
     return clients_common.run_client(
         ["-m", "tf_tpu_emb.run", "--embedding", "v2", "--replicas", str(replicas), SCRIPT,
-         optimizer, str(replicas), loop, placement], KERAS_BACKEND="tensorflow")
+         optimizer, str(replicas), loop, placement] + list(extra), KERAS_BACKEND="tensorflow")
 
 
 @pytest.mark.parametrize("replicas", clients_common.REPLICAS)
@@ -53,3 +53,13 @@ def test_keras_rs_itself_refuses_adagrad_momentum():
     assert "Unknown optimizer type" in proc.stderr and "AdagradMomentum" in proc.stderr, \
         harness.describe(proc)
     assert "keras_rs" in proc.stderr  # raised by Keras-RS's config conversion
+
+
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_pipelined_lookups_are_one_step_old(loop):
+    """DistributedEmbedding(..., pipeline_execution_with_tensor_core=True):
+    step k's lookup sees the table before step k-1's update, as on a TPU
+    (the reference models it; without it the run would not match)."""
+    proc = run("adagrad", 2, loop, "sparsecore", "pipelined")
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), harness.describe(proc)
+    assert "%s: 4 steps ok" % loop in proc.stdout
