@@ -34,6 +34,7 @@
 #include "kernels/registration.h"
 #include "kernels/sparsecore_chips.h"
 #include "kernels/sparsecore_pipeline.h"
+#include "kernels/sparsecore_row_runs.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -76,8 +77,20 @@ TF_TPU_EMB_CPU_DISPATCH
 void GatherIds(const CsrId* ids, int64_t n, const float* const* shards, int64_t width,
                float* act, int64_t first, int64_t last) {
   std::fill(act + first * width, act + last * width, 0.0f);
+  constexpr int64_t kAhead = 8;  // rows and activations prefetched ahead
   for (int64_t i = 0; i < n; ++i) {
     const CsrId& id = ids[i];
+    if (i + kAhead < n) {
+      const CsrId& next = ids[i + kAhead];
+      if (next.sample >= first && next.sample < last) {
+        const float* row = shards[next.chip] + next.row * width;
+        const float* out = act + next.sample * width;  // random too (sorted by row)
+        for (int64_t b = 0; b < width; b += 16) {
+          __builtin_prefetch(row + b);
+          __builtin_prefetch(out + b, 1);
+        }
+      }
+    }
     if (id.sample < first || id.sample >= last) continue;
     float* dst = act + id.sample * width;
     const float* row = shards[id.chip] + id.row * width;
@@ -377,6 +390,16 @@ class CsrGradOp : public AsyncOpKernel {
     if (!result[0].ok()) return result;
     const int64_t width = tables[0]->dim_size(1);
     std::vector<sparsecore_pipeline::ShardLog> logs(pipelined ? a.size() : 0);
+    // The ids as runs of non-decreasing (chip, row), when there are few
+    // (the preprocessing's sorted buffers; kernels/sparsecore_row_runs.h).
+    // A pipelined update takes the general path, which records the undo log.
+    std::vector<sc_runs::IdRun> runs;
+    bool sorted = !pipelined;
+    for (ChipArrival& x : a) {
+      const std::vector<CsrId>& ids = InputOf(x)->ids;
+      sorted = sorted && sc_runs::AppendRuns(ids.data(), static_cast<int64_t>(ids.size()),
+                                             x.ctx->input(4).flat<float>().data(), &runs);
+    }
     for (size_t c = 0; c < a.size(); ++c) {
       GradInput* in = InputOf(a[c]);
       float* w[1 + kMaxSlots] = {};
@@ -396,6 +419,24 @@ class CsrGradOp : public AsyncOpKernel {
       for (ChipArrival& x : a) ids += static_cast<int64_t>(InputOf(x)->ids.size());
       const float lr = in->lr;
       std::vector<sparsecore_pipeline::ShardLog> part_logs(pipelined ? parts : 0);
+      if (sorted) {
+        // One pass a row range (kernels/sparsecore_row_runs.h); a few more
+        // ranges than threads, balanced by ids, so a hot range does not
+        // leave a thread idle.
+        const int64_t ranges = parts == 1 ? 1 : 4 * parts;
+        const std::vector<int64_t> cuts =
+            sc_runs::BalancedCuts(runs, static_cast<int64_t>(c), tables[0]->dim_size(0), ranges);
+        pool->ParallelFor(ranges, ids * width * 8 / ranges, [&](int64_t begin, int64_t end) {
+          thread_local std::vector<float> sum;
+          sum.resize(width);
+          for (int64_t p = begin; p < end; ++p) {
+            sc_runs::SumAndUpdateRows(opt, w, kSlots, runs.data(), static_cast<int>(runs.size()),
+                                      static_cast<int64_t>(c), cuts[p], cuts[p + 1], width, lr,
+                                      sum.data());
+          }
+        });
+        continue;
+      }
       pool->ParallelFor(parts, ids * width * 4, [&](int64_t begin, int64_t end) {
         thread_local std::vector<int64_t> touched;  // the thread's, as RowSums' map
         thread_local std::vector<float> sums;
