@@ -63,6 +63,7 @@ inline absl::Status ReadChips(OpKernelConstruction* c, const std::string& op, Ch
 // (row `row` of the table shard of chip `chip`) to activations[sample] of the
 // replica whose buffers hold it.
 struct CsrId {
+  CsrId() {}  // left unset: ReadCsr sizes its list first, then writes every field
   int64_t sample, chip, row;
   float gain;
 };
@@ -112,7 +113,11 @@ inline absl::Status ReadCsr(const std::string& op, OpKernelContext* ctx, const T
   const auto samples = samples_t.vec<int32_t>();
   const auto tokens = tokens_t.vec<int32_t>();
   const auto gains = gains_t.vec<float>();
-  ids->clear();
+  // Written through a pointer, field by field (push_back of a struct built
+  // on the stack reloaded it through a stalled store forward, and re-read
+  // the vector's end every id: most of this function's time).
+  ids->resize(n);
+  CsrId* out = ids->data();
   for (int64_t k = 0; k < m * num_sc * group; ++k) {
     const int64_t begin = k == 0 ? 0 : sc::RoundUp(pointers(k - 1), sc::kXlaPadSize);
     const int64_t end = pointers(k);
@@ -139,10 +144,14 @@ inline absl::Status ReadCsr(const std::string& op, OpKernelContext* ctx, const T
                                         " is outside [0, ", shard_rows,
                                         ") (rows of a sparse core's table shard)"));
       }
-      ids->push_back({sample_sc * batch + samples(i), home.chip,
-                      home.local_shard * shard_rows + tokens(i), gains(i)});
+      out->sample = sample_sc * batch + samples(i);
+      out->chip = home.chip;
+      out->row = home.local_shard * shard_rows + tokens(i);
+      out->gain = gains(i);
+      ++out;
     }
   }
+  ids->resize(out - ids->data());
   return absl::OkStatus();
 }
 
