@@ -77,7 +77,7 @@ TF_TPU_EMB_CPU_DISPATCH
 void GatherIds(const CsrId* ids, int64_t n, const float* const* shards, int64_t width,
                float* act, int64_t first, int64_t last) {
   std::fill(act + first * width, act + last * width, 0.0f);
-  constexpr int64_t kAhead = 8;  // rows and activations prefetched ahead
+  constexpr int64_t kAhead = 32;  // rows and activations prefetched ahead
   for (int64_t i = 0; i < n; ++i) {
     const CsrId& id = ids[i];
     if (i + kAhead < n) {
