@@ -186,36 +186,6 @@ class CsrLookupOp : public AsyncOpKernel {
 // ------------------------------------------------- §6 gradient and optimizer
 
 
-// The optimizer on touched rows [begin, end) of a chip's shard: row
-// touched[t] of the table `w[0]` and its slots `w[1..slots]`, with the
-// gradient sums[t * width ...], then the clipping.  Carries the CPU
-// dispatch of core/cpu_dispatch.h (Update is inlined into each clone), as
-// the engine's ApplyPartition does; the rows ahead are prefetched.
-TF_TPU_EMB_CPU_DISPATCH
-void UpdateRows(const SparseCoreOptimizer& opt, float* const* w, int slots,
-                const int64_t* touched, const float* sums, int64_t width, float lr,
-                int64_t begin, int64_t end) {
-  constexpr int64_t kAhead = 4;
-  for (int64_t t = begin; t < end; ++t) {
-    if (t + kAhead < end) {
-      const int64_t ahead = touched[t + kAhead] * width;
-      for (int k = 0; k <= slots; ++k) {
-        for (int64_t b = 0; b < width; b += 16) __builtin_prefetch(w[k] + ahead + b, 1);
-      }
-    }
-    const int64_t off = touched[t] * width;
-    RowArgs args{};
-    args.w = w[0] + off;
-    for (int k = 0; k < slots; ++k) args.s[k] = w[1 + k] + off;
-    args.g = sums + t * width;
-    args.dim = static_cast<int>(width);
-    args.lr = lr;
-    opt.Update(args, /*clip=*/true);
-  }
-}
-
-
-
 // Inputs: row_pointers, sorted_sample_ids, sorted_token_ids, sorted_gains,
 // activation_gradients, learning_rate, embedding_table, slots...,
 // num_minibatches_per_physical_sparse_core; outputs: table, slots...
@@ -446,7 +416,7 @@ class CsrGradOp : public AsyncOpKernel {
           RowSums(a, c, width, part, parts, &touched, &sums);
           const int64_t n = static_cast<int64_t>(touched.size());
           if (pipelined) part_logs[part].Copy(w[0], touched.data(), n, width, /*post=*/false);
-          UpdateRows(opt, w, kSlots, touched.data(), sums.data(), width, lr, 0, n);
+          sc_runs::UpdateRows(opt, w, kSlots, touched.data(), sums.data(), width, lr, 0, n);
           if (pipelined) part_logs[part].Copy(w[0], touched.data(), n, width, /*post=*/true);
         }
       });

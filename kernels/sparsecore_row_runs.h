@@ -13,7 +13,9 @@
 // updated as soon as its sum is complete.  The rows are split into ranges,
 // one range a task: ranges own disjoint rows, so no two threads write one row.
 // Buffers that are not so sorted (a hand-made CSR) make many runs: the
-// caller keeps its general path for them (kMaxRuns).
+// caller keeps its general path for them (kMaxRuns), whose row update,
+// UpdateRows, is here too.  The CPU-dispatched functions are defined here
+// (target clones are not inline): include it from that one kernel file only.
 #ifndef TF_TPU_EMB_KERNELS_SPARSECORE_ROW_RUNS_H_
 #define TF_TPU_EMB_KERNELS_SPARSECORE_ROW_RUNS_H_
 
@@ -150,6 +152,34 @@ void SumAndUpdateRows(const sc_util::SparseCoreOptimizer& opt, float* const* w, 
     args.w = w[0] + off;
     for (int k = 0; k < slots; ++k) args.s[k] = w[1 + k] + off;
     args.g = sum;
+    args.dim = static_cast<int>(width);
+    args.lr = lr;
+    opt.Update(args, /*clip=*/true);
+  }
+}
+
+// The optimizer on touched rows [begin, end) of a chip's shard: row
+// touched[t] of the table `w[0]` and its slots `w[1..slots]`, with the
+// gradient sums[t * width ...], then the clipping.  Carries the CPU
+// dispatch of core/cpu_dispatch.h (Update is inlined into each clone), as
+// the engine's ApplyPartition does; the rows ahead are prefetched.
+TF_TPU_EMB_CPU_DISPATCH
+void UpdateRows(const sc_util::SparseCoreOptimizer& opt, float* const* w, int slots,
+                const int64_t* touched, const float* sums, int64_t width, float lr,
+                int64_t begin, int64_t end) {
+  constexpr int64_t kAhead = 4;
+  for (int64_t t = begin; t < end; ++t) {
+    if (t + kAhead < end) {
+      const int64_t ahead = touched[t + kAhead] * width;
+      for (int k = 0; k <= slots; ++k) {
+        for (int64_t b = 0; b < width; b += 16) __builtin_prefetch(w[k] + ahead + b, 1);
+      }
+    }
+    const int64_t off = touched[t] * width;
+    RowArgs args{};
+    args.w = w[0] + off;
+    for (int k = 0; k < slots; ++k) args.s[k] = w[1 + k] + off;
+    args.g = sums + t * width;
     args.dim = static_cast<int>(width);
     args.lr = lr;
     opt.Update(args, /*clip=*/true);
