@@ -48,62 +48,140 @@ inline absl::Status RankOne(const std::string& op, const char* name, const Tenso
 }
 
 // A kept COO token of §2 (or §4): its row, col and merged gain.
+// Not zeroed when made (a vector of them is sized to the tokens first).
 struct Kept {
+  Kept() {}  // NOLINT: leaves the fields unset on purpose
+  Kept(int32_t r, int32_t c, float g) : row(r), col(c), gain(g) {}
   int32_t row, col;
   float gain;
 };
 
-// The positions [0, n) of cols[0, n) in stable order of col (§2's order:
-// col, then position).  An LSD radix sort of (col << 32 | position) keys,
-// 11 bits of col a pass and only as many passes as the largest col needs:
-// each pass is stable, so equal cols keep their positions' order, and the
-// cost is linear (a comparison sort of the positions was most of a
-// SortListOfSparseCoreCooTensors; benchmarks/bench_sparsecore.py).  Cols are
-// not negative (checked by the callers).
-inline void StableOrderByCol(const int32_t* cols, int64_t n, std::vector<uint64_t>* keys) {
-  keys->resize(n);
-  int32_t max_col = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    (*keys)[i] = (static_cast<uint64_t>(cols[i]) << 32) | static_cast<uint64_t>(i);
-    max_col = std::max(max_col, cols[i]);
+// Bits needed for values [0, v].
+inline int BitsFor(uint64_t v) {
+  int bits = 0;
+  while (bits < 64 && (v >> bits) != 0) ++bits;
+  return bits;
+}
+
+// keys[0, n) (col << pos_bits | position) in stable order of the col
+// bits [pos_bits, pos_bits + col_bits): an LSD radix sort in as few passes
+// of at most 11 bits as the largest col needs, every pass's histogram
+// counted in one read.  Each pass is stable, so equal cols keep their
+// positions' order; the cost is linear (a comparison sort of the positions
+// was most of a SortListOfSparseCoreCooTensors;
+// benchmarks/bench_sparsecore.py).
+template <int Passes, typename Key>
+void RadixPasses(std::vector<Key>* keys, int pos_bits, int digit) {
+  const int64_t n = static_cast<int64_t>(keys->size());
+  const size_t buckets = size_t{1} << digit;
+  const Key digit_mask = static_cast<Key>(buckets - 1);
+  // Counts fit int32: fewer than 2^31 tokens (TF's int32 buffers).
+  std::vector<int32_t> start(Passes * buckets, 0);
+  int32_t* count[Passes];
+  int shift[Passes];
+  for (int p = 0; p < Passes; ++p) {
+    count[p] = start.data() + p * buckets;
+    shift[p] = pos_bits + p * digit;
   }
-  constexpr int kBits = 11;
-  constexpr size_t kBuckets = size_t{1} << kBits;
-  std::vector<uint64_t> tmp(n);
-  std::vector<int64_t> start(kBuckets + 1);
-  for (int shift = 32; (max_col >> (shift - 32)) != 0; shift += kBits) {
-    std::fill(start.begin(), start.end(), 0);
-    for (const uint64_t k : *keys) ++start[((k >> shift) & (kBuckets - 1)) + 1];
-    for (size_t b = 1; b <= kBuckets; ++b) start[b] += start[b - 1];
-    for (const uint64_t k : *keys) tmp[start[(k >> shift) & (kBuckets - 1)]++] = k;
+  for (const Key k : *keys) {
+    for (int p = 0; p < Passes; ++p) ++count[p][(k >> shift[p]) & digit_mask];
+  }
+  std::vector<Key> tmp(n);
+  for (int p = 0; p < Passes; ++p) {
+    int32_t* at = count[p];
+    int32_t sum = 0;
+    for (size_t b = 0; b < buckets; ++b) {
+      const int32_t c = at[b];
+      at[b] = sum;
+      sum += c;
+    }
+    const int sh = shift[p];
+    Key* out = tmp.data();
+    for (const Key k : *keys) out[at[(k >> sh) & digit_mask]++] = k;
     keys->swap(tmp);
-    if (shift - 32 + kBits >= 31) break;
   }
+}
+
+template <typename Key>
+void RadixByCol(std::vector<Key>* keys, int pos_bits, int col_bits) {
+  if (col_bits == 0 || keys->size() < 2) return;
+  const int passes = (col_bits + 10) / 11;
+  const int digit = (col_bits + passes - 1) / passes;
+  switch (passes) {
+    case 1: return RadixPasses<1>(keys, pos_bits, digit);
+    case 2: return RadixPasses<2>(keys, pos_bits, digit);
+    default: return RadixPasses<3>(keys, pos_bits, digit);
+  }
+}
+
+// §2's sort and merge of tokens [begin, end) with keys of type Key (wide
+// enough for sort_col << pos_bits | position, sort_col of col_bits bits):
+// sort_col is col with its low `rotate` bits moved above the others, so
+// the kept tokens come in (col mod 2^rotate, col) order.
+template <typename Key, typename OnKept>
+void SortAndMergeWith(const int32_t* rows, const int32_t* cols, const float* gains,
+                      int64_t begin, int64_t end, int rotate, int high_bits, int pos_bits,
+                      std::vector<Kept>* kept, OnKept on_kept) {
+  const int64_t n = end - begin;
+  const Key low_mask = (Key{1} << rotate) - 1;
+  std::vector<Key> keys(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const Key c = static_cast<Key>(cols[begin + i]);
+    const Key sort_col = ((c & low_mask) << high_bits) | (c >> rotate);
+    keys[i] = (sort_col << pos_bits) | static_cast<Key>(i);
+  }
+  RadixByCol(&keys, pos_bits, rotate + high_bits);
+  const size_t first = kept->size();
+  kept->resize(first + n);
+  Kept* out = kept->data() + first;
+  int64_t m = 0;
+  const Key pos_mask = (Key{1} << pos_bits) - 1;
+  const Key high_mask = (Key{1} << high_bits) - 1;
+  int32_t prev_row = -1;
+  Key prev_col = ~Key{0};
+  for (const Key key : keys) {
+    const int64_t i = begin + static_cast<int64_t>(key & pos_mask);
+    const int32_t row = rows[i];
+    const Key sort_col = key >> pos_bits;
+    if (row != prev_row || sort_col != prev_col) {
+      const int32_t col =
+          static_cast<int32_t>(((sort_col & high_mask) << rotate) | (sort_col >> high_bits));
+      out[m++] = Kept(row, col, gains[i]);
+      on_kept(col, sort_col != prev_col);
+    } else {
+      out[m - 1].gain += gains[i];
+    }
+    prev_row = row;
+    prev_col = sort_col;
+  }
+  kept->resize(first + m);
 }
 
 // §2's sort and merge of tokens [begin, end): by (col, position); a token
 // with the previous token's row and col adds its gain to the kept one,
 // every other token is appended to `kept` and reported as on_kept(col,
-// new_col), new_col when its col differs from the previous token's.  Rows
-// and cols are not negative (checked by the callers); fewer than 2^32
-// tokens (TF's int32 buffers).
+// new_col), new_col when its col differs from the previous token's.  With
+// `rotate` = log2(P) the kept tokens come replica by replica (col mod P),
+// each replica's in col order: the order §2's output needs, so writing it
+// is sequential; the merging and counts are the same (equal cols stay
+// adjacent).  Rows and cols are not negative (checked by the callers);
+// fewer than 2^32 tokens (TF's int32 buffers).  The keys are 32 bits when
+// col and position fit (half the memory traffic of 64).
 template <typename OnKept>
 void SortAndMerge(const int32_t* rows, const int32_t* cols, const float* gains, int64_t begin,
-                  int64_t end, std::vector<Kept>* kept, OnKept on_kept) {
-  std::vector<uint64_t> order;
-  StableOrderByCol(cols + begin, end - begin, &order);
-  kept->reserve(kept->size() + order.size());
-  int32_t prev_row = -1, prev_col = -1;
-  for (const uint64_t key : order) {
-    const int64_t i = begin + static_cast<int64_t>(key & 0xffffffffu);
-    if (rows[i] != prev_row || cols[i] != prev_col) {
-      kept->push_back({rows[i], cols[i], gains[i]});
-      on_kept(cols[i], cols[i] != prev_col);
-    } else {
-      kept->back().gain += gains[i];
-    }
-    prev_row = rows[i];
-    prev_col = cols[i];
+                  int64_t end, std::vector<Kept>* kept, OnKept on_kept, int rotate = 0) {
+  const int64_t n = end - begin;
+  if (n <= 0) return;
+  int32_t max_col = 0;
+  for (int64_t i = begin; i < end; ++i) max_col = std::max(max_col, cols[i]);
+  const int high_bits = BitsFor(static_cast<uint64_t>(max_col) >> rotate);
+  const int pos_bits = std::max(1, BitsFor(static_cast<uint64_t>(n - 1)));
+  if (rotate + high_bits + pos_bits <= 32) {
+    SortAndMergeWith<uint32_t>(rows, cols, gains, begin, end, rotate, high_bits, pos_bits, kept,
+                               on_kept);
+  } else {
+    SortAndMergeWith<uint64_t>(rows, cols, gains, begin, end, rotate, high_bits, pos_bits, kept,
+                               on_kept);
   }
 }
 
