@@ -31,6 +31,7 @@
 #include "core/cpu_dispatch.h"
 #include "core/optimizers.h"
 #include "core/sparsecore.h"
+#include "kernels/huge_page_allocator.h"
 #include "kernels/registration.h"
 #include "kernels/sparsecore_chips.h"
 #include "kernels/sparsecore_pipeline.h"
@@ -220,9 +221,23 @@ absl::Status InPlaceState(OpKernelContext* ctx, const std::string& op, int index
     return absl::FailedPreconditionError(absl::StrCat(
         op, ": input ", index, " is not an initialized float32 variable"));
   }
-  if (!var->tensor()->RefCountIsOne()) {
+  // A large variable not yet in huge pages moves there once (its rows are
+  // random reads and writes: kernels/huge_page_allocator.h).
+  HugePageAllocator* huge = HugePageAllocator::Get();
+  const Tensor& now = *var->tensor();
+  const bool move = now.TotalBytes() >= HugePageAllocator::kMinBytes &&
+                    !huge->Owns(now.tensor_data().data());
+  if (move || !now.RefCountIsOne()) {
     Tensor copy;
-    TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_FLOAT, var->tensor()->shape(), &copy));
+    if (move) {
+      copy = Tensor(huge, ::tensorflow::DT_FLOAT, now.shape());
+      if (!copy.IsInitialized()) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            op, ": cannot allocate ", now.TotalBytes(), " bytes for input ", index));
+      }
+    } else {
+      TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_FLOAT, now.shape(), &copy));
+    }
     if (copy.NumElements() > 0) {
       std::memcpy(copy.flat<float>().data(), var->tensor()->flat<float>().data(),
                   sizeof(float) * copy.NumElements());
