@@ -83,11 +83,16 @@ absl::Status WriteCsr(OpKernelContext* ctx, const std::string& op, const std::st
   float* out_gains = gains_t->flat<float>().data();
   const float pad_gain = static_cast<float>(sc::kXlaPadValue);
 
+  // The layout first (row pointers, where each segment goes, the id
+  // dropping check), one pass in order; then the segments' ids are copied
+  // and padded on the intra-op threads (disjoint ranges of the buffers).
+  struct Segment {
+    int s;
+    int64_t begin, count, at, padded;
+  };
+  std::vector<Segment> segments;
   int64_t at = 0, pointer = 0, packed = 0;
   for (int s = 0; s < num_sc; ++s) {
-    const int32_t* r = source.rows[s];
-    const int32_t* c = source.cols[s];
-    const float* g = source.gains[s];
     const int32_t* counts = source.counts[s];
     for (int64_t b = 1; b <= num_minibatches; ++b) {
       for (int64_t rep = 0; rep < p; ++rep) {
@@ -111,16 +116,11 @@ absl::Status WriteCsr(OpKernelContext* ctx, const std::string& op, const std::st
           }
           count = max_ids - at;
         }
-        std::copy_n(c + begin, count, token_ids + at);
-        std::copy_n(r + begin, count, sample_ids + at);
-        std::copy_n(g + begin, count, out_gains + at);
-        at += count;
+        const int64_t end = at + count;
         packed += count;
-        row_pointers[pointer++] = static_cast<int32_t>(at);
-        const int64_t padded = std::min(sc::RoundUp(at, sc::kXlaPadSize), max_ids);
-        std::fill(token_ids + at, token_ids + padded, sc::kXlaPadValue);
-        std::fill(sample_ids + at, sample_ids + padded, sc::kXlaPadValue);
-        std::fill(out_gains + at, out_gains + padded, pad_gain);
+        row_pointers[pointer++] = static_cast<int32_t>(end);
+        const int64_t padded = std::min(sc::RoundUp(end, sc::kXlaPadSize), max_ids);
+        segments.push_back({s, begin, count, at, padded});
         at = padded;
       }
       const int64_t padded = sc::RoundUp(pointer, sc::kXlaPadSize);
@@ -128,6 +128,20 @@ absl::Status WriteCsr(OpKernelContext* ctx, const std::string& op, const std::st
       pointer = padded;
     }
   }
+  ::tsl::thread::ThreadPool* pool = CpuPool(ctx);
+  const int64_t cost = 12 * (packed / std::max<size_t>(1, segments.size()) + sc::kXlaPadSize);
+  pool->ParallelFor(static_cast<int64_t>(segments.size()), cost, [&](int64_t lo, int64_t hi) {
+    for (int64_t k = lo; k < hi; ++k) {
+      const Segment& g = segments[k];
+      std::copy_n(source.cols[g.s] + g.begin, g.count, token_ids + g.at);
+      std::copy_n(source.rows[g.s] + g.begin, g.count, sample_ids + g.at);
+      std::copy_n(source.gains[g.s] + g.begin, g.count, out_gains + g.at);
+      const int64_t end = g.at + g.count;
+      std::fill(token_ids + end, token_ids + g.padded, sc::kXlaPadValue);
+      std::fill(sample_ids + end, sample_ids + g.padded, sc::kXlaPadValue);
+      std::fill(out_gains + end, out_gains + g.padded, pad_gain);
+    }
+  });
   // Ours: the tails TF leaves unwritten.
   std::fill(row_pointers + pointer, row_pointers + num_row_pointers, static_cast<int32_t>(at));
   std::fill(token_ids + at, token_ids + max_ids, sc::kXlaPadValue);
@@ -354,13 +368,18 @@ class GetMinibatchSplitsWithPhysicalReplicaOp : public OpKernel {
     // and the count of every (replica, division).
     std::vector<std::vector<Kept>> kept(num_sc_);
     std::vector<int64_t> count(num_counts, 0);
-    int64_t max_ids = 0, max_uniques = 0;
-    int64_t begin = 0;
-    for (int s = 0; s < num_sc_; ++s) {
-      int64_t end = begin;
-      while (end < n && rows(end) < (s + 1) * per_sc) ++end;
+    // The SparseCores' ranges of rows (ascending), then each sorted on the
+    // intra-op threads: each writes only its own kept list and counts.
+    std::vector<int64_t> first(num_sc_ + 1, n);
+    first[0] = 0;
+    for (int s = 0, i = 0; s < num_sc_; ++s) {
+      while (i < n && rows(i) < (s + 1) * per_sc) ++i;
+      first[s + 1] = i;
+    }
+    std::vector<int64_t> max_ids_of(num_sc_, 0), max_uniques_of(num_sc_, 0);
+    const auto sort_sc = [&](int64_t s) {
       std::vector<int64_t> ids(p, 0), uniques(p, 0);
-      SortAndMerge(rows.data(), cols.data(), gains.data(), begin, end, &kept[s],
+      SortAndMerge(rows.data(), cols.data(), gains.data(), first[s], first[s + 1], &kept[s],
                    [&](int32_t col, bool new_col) {
                      const int64_t rep = col % p;
                      const int64_t bucket = std::min<int64_t>(col / division,
@@ -369,10 +388,14 @@ class GetMinibatchSplitsWithPhysicalReplicaOp : public OpKernel {
                      ++ids[rep];
                      if (new_col) ++uniques[rep];
                    });
-      max_ids = std::max(max_ids, *std::max_element(ids.begin(), ids.end()));
-      max_uniques = std::max(max_uniques, *std::max_element(uniques.begin(), uniques.end()));
-      begin = end;
-    }
+      max_ids_of[s] = *std::max_element(ids.begin(), ids.end());
+      max_uniques_of[s] = *std::max_element(uniques.begin(), uniques.end());
+    };
+    CpuPool(ctx)->ParallelFor(num_sc_, 16 * (n / num_sc_ + 1), [&](int64_t lo, int64_t hi) {
+      for (int64_t s = lo; s < hi; ++s) sort_sc(s);
+    });
+    const int64_t max_ids = *std::max_element(max_ids_of.begin(), max_ids_of.end());
+    const int64_t max_uniques = *std::max_element(max_uniques_of.begin(), max_uniques_of.end());
     Tensor* id_counts_t;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({num_counts + 1}), &id_counts_t));
     auto id_counts = id_counts_t->vec<int32_t>();
@@ -389,15 +412,18 @@ class GetMinibatchSplitsWithPhysicalReplicaOp : public OpKernel {
     int32_t* row_out = out_rows->flat<int32_t>().data();
     int32_t* col_out = out_cols->flat<int32_t>().data();
     float* gain_out = out_gains->flat<float>().data();
-    for (int s = 0; s < num_sc_; ++s) {
-      for (const Kept& k : kept[s]) {
-        const int64_t bucket = std::min<int64_t>(k.col / division, sc::kMaxDivisions - 1);
-        const int64_t at = next[(s * p + k.col % p) * sc::kMaxDivisions + bucket]++;
-        row_out[at] = static_cast<int32_t>(k.row % per_sc);
-        col_out[at] = static_cast<int32_t>(k.col / p);
-        gain_out[at] = k.gain;
+    // SparseCore s writes only its own (s, replica, division) ranges.
+    CpuPool(ctx)->ParallelFor(num_sc_, 8 * (n / num_sc_ + 1), [&](int64_t lo, int64_t hi) {
+      for (int64_t s = lo; s < hi; ++s) {
+        for (const Kept& k : kept[s]) {
+          const int64_t bucket = std::min<int64_t>(k.col / division, sc::kMaxDivisions - 1);
+          const int64_t at = next[(s * p + k.col % p) * sc::kMaxDivisions + bucket]++;
+          row_out[at] = static_cast<int32_t>(k.row % per_sc);
+          col_out[at] = static_cast<int32_t>(k.col / p);
+          gain_out[at] = k.gain;
+        }
       }
-    }
+    });
     Tensor *splits, *max_ids_t, *max_uniques_t;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({}), &splits));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(5, TensorShape({}), &max_ids_t));

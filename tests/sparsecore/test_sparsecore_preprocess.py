@@ -101,6 +101,29 @@ def test_convert_to_list_of_sparse_core_coo(prefix, combiner, num_sc, shards, sh
         np.testing.assert_array_equal(out[2 * num_sc + k], want[k][2])
 
 
+@pytest.mark.parametrize("form", ["dense", "sparse", "ragged"])
+def test_large_batches_convert_in_parts_on_the_threads(form):
+    """Batches of 16k+ tokens: the conversion runs in parts on the intra-op
+    threads (kernels/sparsecore_coo_kernels.cc); the result is one pass's."""
+    rng = np.random.default_rng(engine_util.stable_seed("large", form))
+    sample_count, num_sc = 8192, 4
+    split, ids = _feature(rng, form, sample_count, vocab=3000, max_len=5)
+    weights = rng.uniform(0.1, 2.0, len(ids)).astype(np.float32)
+    want = ref.coo(ref.token_rows(form, split, len(ids)), ids, weights, sample_count, "mean")
+    got = ref.run_op("ConvertToCooTensor", indices_or_row_splits=split, values=ids,
+                     weights=weights, sample_count=sample_count, combiner="mean")
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    out = ref.run_op("ConvertToListOfSparseCoreCooTensors", indices_or_row_splits=split,
+                     values=ids, weights=weights, sample_count=sample_count,
+                     num_sc_per_chip=num_sc, row_offset=0, col_offset=7, col_shift=1,
+                     num_sc_shards=8, stacked_table_sample_count=sample_count, combiner="mean")
+    lists = ref.coo_list(*want, sample_count, num_sc, 0, 7, 1, 8, sample_count)
+    for k in range(num_sc):
+        for j in range(3):
+            np.testing.assert_array_equal(out[j * num_sc + k], lists[k][j])
+
+
 def _sc_features(rng, n, batch, vocab):
     feats = []
     for _ in range(n):
@@ -136,6 +159,33 @@ def test_sort_and_stats(prefix, num_replica, num_sc):
         ref.run_op(prefix + "SortListOfSparseCoreCooTensors",
                    max_ids_per_sparse_core=max(1, int(counts.max()) - 1),
                    max_unique_ids_per_sparse_core=64, **common)
+
+
+@pytest.mark.parametrize("vocab", [1 << 12, 1 << 20, 1 << 30])
+def test_sort_of_wide_cols_and_many_tokens(vocab):
+    """Thousands of tokens, two groups (sorted on the threads), cols of 12,
+    20 and 30 bits: one, two and three radix passes, 32- and 64-bit keys
+    (sc_util::SortAndMerge)."""
+    rng = np.random.default_rng(vocab % 1000003)
+    num_replica, num_sc, batch = 2, 4, 4096
+    feats = []
+    for _ in range(3):
+        m = 3000
+        rows = np.sort(rng.integers(0, batch, m)).astype(np.int32)
+        cols = rng.integers(0, vocab, m).astype(np.int32)
+        cols[1::3] = cols[0:m - 1:3][:len(cols[1::3])]
+        cols[2::5] = cols[0]  # a hot col
+        feats.append((rows, cols, rng.uniform(0.1, 1.0, m).astype(np.float32)))
+    col_offsets, p = [0, 64, 0], num_replica * num_sc
+    kept, counts, uniques = ref.sort_list(feats, col_offsets, p)
+    out = ref.run_op("SortListOfSparseCoreCooTensors", row_ids_list=[f[0] for f in feats],
+                     col_ids_list=[f[1] for f in feats], gains_list=[f[2] for f in feats],
+                     sample_count_list=[batch // 3] * 3, col_offset_list=col_offsets,
+                     num_replica=num_replica, table_vocab_size=vocab, feature_width=4,
+                     num_sc_per_chip=num_sc, max_ids_per_sparse_core=9000,
+                     max_unique_ids_per_sparse_core=9000, table_name="t")
+    for got, exp in zip(out, ref.sorted_outputs(kept, p, (batch // 3) * 3)):
+        np.testing.assert_array_equal(got, exp)
 
 
 def _csr_inputs(rng, num_sc, p, minibatching, ids_per_sc=11):
@@ -228,11 +278,12 @@ def _chip_coo(rng, sample_count, vocab, n=40):
 
 
 @BOTH
-@pytest.mark.parametrize("num_replica,num_sc,vocab", [(1, 1, 64), (1, 4, 200), (2, 2, 1000)])
-def test_minibatch_splits_and_csr(prefix, num_replica, num_sc, vocab):
+@pytest.mark.parametrize("num_replica,num_sc,vocab,n", [(1, 1, 64, 40), (1, 4, 200, 40),
+                                                        (2, 2, 1000, 40), (2, 4, 1 << 24, 2000)])
+def test_minibatch_splits_and_csr(prefix, num_replica, num_sc, vocab, n):
     rng = np.random.default_rng(vocab + num_sc)
     sample_count = 8
-    rows, cols, gains = _chip_coo(rng, sample_count, vocab)
+    rows, cols, gains = _chip_coo(rng, sample_count, vocab, n)
     p = num_replica * num_sc
     common = dict(program_key=np.array(["k"]), sample_count=sample_count,
                   num_replica=num_replica, table_vocab_size=vocab, feature_width=4,
@@ -244,14 +295,16 @@ def test_minibatch_splits_and_csr(prefix, num_replica, num_sc, vocab):
     for i, (got, exp) in enumerate(zip(out, want)):
         np.testing.assert_array_equal(got, exp, err_msg="output %d" % i)
     srows, scols, sgains, _, id_counts, _, _ = out
+    per_sample = 32 if n <= 40 else 512  # room for every id and the padding
     for splits in (0, 1 | 4):  # the CPU's splits, and a caller's (3 minibatches)
         csr = ref.run_op(prefix + "GetMinibatchesInCsrWithPhysicalReplica", row_ids=srows,
                          col_ids=scols, gains=sgains, splits=np.array([splits], np.int64),
                          id_counts=id_counts, max_minibatches_per_sc=4,
-                         max_ids_per_chip_per_sample=32, mini_batch_in_csr="", **common)
+                         max_ids_per_chip_per_sample=per_sample, mini_batch_in_csr="",
+                         **common)
         per_sc = [(srows, scols, sgains, id_counts[s * p * 64:(s + 1) * p * 64 + 1])
                   for s in range(num_sc)]
-        exp = ref.csr_wrapped(per_sc, splits, p, 4, 32 * sample_count, False)
+        exp = ref.csr_wrapped(per_sc, splits, p, 4, per_sample * sample_count, False)
         for i, (got, e) in enumerate(zip(csr, exp)):
             np.testing.assert_array_equal(got, e, err_msg="splits %d output %d" % (splits, i))
     assert ref.run_op(prefix + "StoreMinibatchStatisticsInFdo", program_key=np.array(["k"]),
