@@ -10,7 +10,9 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <fstream>
 #include <mutex>
 #include <string>
 #include <unordered_set>
@@ -34,6 +36,20 @@ class HugePageAllocator : public ::tensorflow::Allocator {
   }
 
   std::string Name() override { return "tf_tpu_emb_huge_pages"; }
+
+  // Whether moving a buffer here can gain anything: false where transparent
+  // huge pages are off ("[never]" in sysfs) or unknown (no sysfs file).
+  // The move copies the buffer once, so for that moment the variable takes
+  // twice its memory.
+  static bool Worthwhile() {
+    static const bool worthwhile = [] {
+      std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+      std::string modes;
+      std::getline(f, modes);
+      return !modes.empty() && modes.find("[never]") == std::string::npos;
+    }();
+    return worthwhile;
+  }
 
   void* AllocateRaw(size_t alignment, size_t num_bytes) override {
     const size_t rounded = (std::max<size_t>(num_bytes, 1) + kHugePage - 1) / kHugePage * kHugePage;

@@ -226,7 +226,7 @@ absl::Status InPlaceState(OpKernelContext* ctx, const std::string& op, int index
   HugePageAllocator* huge = HugePageAllocator::Get();
   const Tensor& now = *var->tensor();
   const bool move = now.TotalBytes() >= HugePageAllocator::kMinBytes &&
-                    !huge->Owns(now.tensor_data().data());
+                    HugePageAllocator::Worthwhile() && !huge->Owns(now.tensor_data().data());
   if (move || !now.RefCountIsOne()) {
     Tensor copy;
     if (move) {
