@@ -267,6 +267,7 @@ def main(argv=None):
                             call()["f0"].numpy()
                     times = {s: [] for s in calls}
                     cpu = {s: 0.0 for s in calls}
+                    host_cpu = 0.0  # the hosts' processes alone (the hosts side)
                     moved = 0
                     relay_cpu = 0.0
                     if relay:
@@ -274,6 +275,7 @@ def main(argv=None):
                     for _ in range(args.blocks):
                         for side, call in calls.items():
                             c0 = cpu_seconds(side_pids[side])
+                            h0 = cpu_seconds(side_pids[side][1:])
                             m0 = relay.moved() if relay and side == "hosts" else 0
                             rc0 = cpu_seconds([relay.proc.pid]) if relay else 0.0
                             for _ in range(args.steps):
@@ -281,12 +283,14 @@ def main(argv=None):
                                 call()["f0"].numpy()
                                 times[side].append((time.perf_counter() - t0) / steps)
                             cpu[side] += cpu_seconds(side_pids[side]) - c0
+                            host_cpu += cpu_seconds(side_pids[side][1:]) - h0
                             if relay and side == "hosts":
                                 moved += relay.moved() - m0
                                 relay_cpu += cpu_seconds([relay.proc.pid]) - rc0
                     n = args.blocks * args.steps * steps
                     row = {s: statistics.median(t) for s, t in times.items()}
                     row.update({"cpu_" + s: cpu[s] / n for s in calls})
+                    row["cpu_host_only"] = host_cpu / n
                     row["bytes"] = moved / n if relay else sum(
                         a + b for a, b in bench.bytes_per_host(
                             clustered._config, features, args.hosts))  # pylint: disable=protected-access
@@ -294,10 +298,11 @@ def main(argv=None):
                     row["late_us"] = relay.stats()["late_mean_us"] if relay else 0.0
                     results.setdefault((delay, pipe, steps), []).append(row)
                     print("round %d, %s, pipeline %s, %d/call: local %.2f ms (%.2f cpu-ms), hosts %.2f ms "
-                          "(%.2f cpu-ms), %.3f MB/step, load %.2f"
+                          "(%.2f cpu-ms, %.2f of them the hosts'), %.3f MB/step, load %.2f"
                           % (r, "direct" if delay is None else "%g us" % delay, pipe, steps,
                              row["local"] * 1e3, row["cpu_local"] * 1e3,
-                             row["hosts"] * 1e3, row["cpu_hosts"] * 1e3, row["bytes"] / 1e6,
+                             row["hosts"] * 1e3, row["cpu_hosts"] * 1e3,
+                             row["cpu_host_only"] * 1e3, row["bytes"] / 1e6,
                              os.getloadavg()[0]), flush=True)
             finally:
                 clustered.shutdown()

@@ -277,8 +277,19 @@ class Engine : public ::tensorflow::ResourceBase {
   ::tsl::thread::ThreadPool* deferred_pool_ = nullptr;
   std::vector<bool> deferred_waiting_;   // per replica: its lookup not yet done
   std::vector<bool> looked_since_send_;  // per replica: a lookup since its last Send
+  // A host's shard with pipelining (`lookahead_`): a replica may look up its
+  // next batch before it sent the gradients of the one in flight, so that
+  // step k+1's lookup and its activations' trip to the worker overlap step
+  // k's gradients coming back (benchmarks/RESULTS.md, issue 31).  ahead_[r]
+  // holds that next batch until in_flight_[r] is sent; at most one: the
+  // lookup after next must see the current update.  The routed Send names
+  // the batch it answers (its sequence), so the order stays checked.
+  bool lookahead_ = false;
+  std::vector<std::deque<Batch>> ahead_;  // per replica, at most one batch
   // Starts the deferred update on its own thread (under queue_mu_).
   void StartDeferredLocked();
+  // The same once no update runs and every replica's next lookup is done.
+  void StartDeferredIfReadyLocked();
   // Runs `parts`'s update on its own thread (the async Send's update), then
   // marks the step applied.
   void LaunchApply(std::vector<std::unique_ptr<StepPart>> parts, std::vector<float> rates,

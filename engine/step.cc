@@ -4,6 +4,9 @@
 // asynchronous wait (its batch, the previous step) on the StepBarrier.
 
 #include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -33,6 +36,8 @@ bool Engine::RecvReady(int replica) const {
   // A deferred update this replica has looked past is started first
   // (FlushDeferredFor): its Recv waits for it.
   if (!deferred_.empty() && !deferred_waiting_[replica]) return false;
+  // lookahead_: one batch looked up ahead of the in-flight one at most.
+  if (!ahead_[replica].empty()) return false;
   return !queues_[replica].empty();
 }
 
@@ -60,6 +65,11 @@ std::string Engine::RecvWaitingFor(int replica) const {
                   : absl::StrCat(" waited for the previous step's gradients from replica(s) ",
                                  missing, " (of ", num_replicas_,
                                  ", num_tensor_cores), which never sent them"));
+  }
+  if (!ahead_[replica].empty()) {
+    return absl::StrCat("RecvTPUEmbeddingActivations on replica ", replica,
+                        " waited for the gradients of routed batch #", in_flight_[replica].sequence,
+                        " (two batches were looked up and none was sent): send once per Recv");
   }
   return absl::StrCat("RecvTPUEmbeddingActivations on replica ", replica,
                       " waited for its batch, but nothing was enqueued for replica ", replica,
@@ -103,21 +113,32 @@ void Engine::ReleaseWaiters(int first_replica, int end_replica) {
 
 void Engine::SetInFlight(int replica, Batch batch) {
   std::lock_guard<std::mutex> lock(queue_mu_);
-  in_flight_state_[replica] = batch.training ? kTraining : kInference;
-  in_flight_[replica] = std::move(batch);
+  if (lookahead_ && in_flight_state_[replica] == kTraining) {
+    // Looked up before the in-flight batch was sent (RecvReady allowed it:
+    // no batch ahead yet); Submit makes it the in-flight one.
+    ahead_[replica].push_back(std::move(batch));
+  } else {
+    in_flight_state_[replica] = batch.training ? kTraining : kInference;
+    in_flight_[replica] = std::move(batch);
+  }
   // Called once the lookup has read the tables: the deferred update waits
   // for every replica's lookup (deferred_, engine.h).
   looked_since_send_[replica] = true;
   if (deferred_.empty() || !deferred_waiting_[replica]) return;
   deferred_waiting_[replica] = false;
-  for (int r = 0; r < num_replicas_; ++r) {
-    if (deferred_waiting_[r]) return;
-  }
-  StartDeferredLocked();
+  StartDeferredIfReadyLocked();  // else the running update's end starts it
 }
 
 void Engine::FlushDeferredFor(int replica) {
   if (!deferred_.empty() && !deferred_waiting_[replica] && !applying_) StartDeferredLocked();
+}
+
+void Engine::StartDeferredIfReadyLocked() {
+  if (deferred_.empty() || applying_) return;
+  for (int r = 0; r < num_replicas_; ++r) {
+    if (deferred_waiting_[r]) return;
+  }
+  StartDeferredLocked();
 }
 
 void Engine::StartDeferredLocked() {
@@ -178,13 +199,52 @@ void Engine::WaitForApply() {
   }
 }
 
+namespace {
+
+// The thread that runs every engine's background updates, in the order they
+// were launched (one a step; a thread started per update cost the hosts
+// ~2% of their CPU in thread set-up).  Not one of `pool`'s threads: an
+// update's parallel loops wait for `pool`'s threads, and a pool thread
+// waiting there could deadlock.  Never destroyed (a detached thread may
+// outlive static destructors at exit).
+class UpdateThread {
+ public:
+  static void Run(std::function<void()> task) {
+    static UpdateThread* const runner = new UpdateThread;
+    {
+      std::lock_guard<std::mutex> lock(runner->mu_);
+      runner->tasks_.push_back(std::move(task));
+    }
+    runner->cv_.notify_one();
+  }
+
+ private:
+  UpdateThread() {
+    std::thread([this] {
+      while (true) {
+        std::function<void()> task;
+        {
+          std::unique_lock<std::mutex> lock(mu_);
+          cv_.wait(lock, [this] { return !tasks_.empty(); });
+          task = std::move(tasks_.front());
+          tasks_.pop_front();
+        }
+        task();
+      }
+    }).detach();
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;
+};
+
+}  // namespace
+
 void Engine::LaunchApply(std::vector<std::unique_ptr<StepPart>> parts, std::vector<float> rates,
                          ::tsl::thread::ThreadPool* pool) {
   Ref();  // the update outlives the kernel; the engine lives until it ends
   auto shared = std::make_shared<std::vector<std::unique_ptr<StepPart>>>(std::move(parts));
-  // Its own thread, not one of `pool`'s: the update's parallel loops wait
-  // for `pool`'s threads, and a pool thread waiting there could deadlock.
-  std::thread([this, shared, rates = std::move(rates), pool] {
+  UpdateThread::Run([this, shared, rates = std::move(rates), pool] {
     const absl::Status status = CatchExceptions("the step's update", [&] {
       std::unique_lock<std::shared_mutex> tables(tables_mu_);
       ApplyStep(*shared, rates, pool);
@@ -195,11 +255,14 @@ void Engine::LaunchApply(std::vector<std::unique_ptr<StepPart>> parts, std::vect
         for (auto& error : step_errors_) error = std::string(status.message());
       }
       applying_ = false;
+      // lookahead_: the next step may have formed, its lookups done, while
+      // this one ran.
+      StartDeferredIfReadyLocked();
     }
     applied_cv_.notify_all();
     ReleaseWaiters(0, num_replicas_);
     Unref();
-  }).detach();
+  });
 }
 
 absl::Status Engine::Submit(int replica, std::vector<::tensorflow::Tensor> keep,
@@ -210,6 +273,11 @@ absl::Status Engine::Submit(int replica, std::vector<::tensorflow::Tensor> keep,
   // engine as it was.
   std::vector<std::unique_ptr<StepPart>> parts, fresh(num_replicas_);
   auto part = std::make_unique<StepPart>();
+  bool released = false;  // lookahead_: a Recv may wait for this Send
+  auto release = [&] {
+    if (released) ReleaseWaiters(replica, replica + 1);
+    return absl::OkStatus();
+  };
   {
     std::unique_lock<std::mutex> lock(queue_mu_);
     if (in_flight_state_[replica] != kTraining) {
@@ -221,7 +289,17 @@ absl::Status Engine::Submit(int replica, std::vector<::tensorflow::Tensor> keep,
     in_flight_state_[replica] = kNoBatch;
     parts_[replica] = std::move(part);
     looked_since_send_[replica] = false;
-    if (++submitted_ < num_replicas_) return absl::OkStatus();
+    if (!ahead_[replica].empty()) {  // lookahead_: the next batch, already looked up
+      in_flight_state_[replica] = ahead_[replica].front().training ? kTraining : kInference;
+      in_flight_[replica] = std::move(ahead_[replica].front());
+      ahead_[replica].pop_front();
+      looked_since_send_[replica] = true;
+      released = true;
+    }
+    if (++submitted_ < num_replicas_) {
+      lock.unlock();
+      return release();
+    }
     parts.swap(parts_);
     parts_.swap(fresh);
     submitted_ = 0;
@@ -238,7 +316,10 @@ absl::Status Engine::Submit(int replica, std::vector<::tensorflow::Tensor> keep,
       deferred_rates_ = dynamic_inputs;
       deferred_pool_ = pool;
       for (int r = 0; r < num_replicas_; ++r) deferred_waiting_[r] = !looked_since_send_[r];
-      return absl::OkStatus();
+      // lookahead_: every replica may have looked up its next batch already.
+      StartDeferredIfReadyLocked();
+      lock.unlock();
+      return release();
     }
     applying_ = true;
   }
@@ -266,9 +347,18 @@ absl::Status Engine::Submit(int replica, std::vector<::tensorflow::Tensor> keep,
 }
 
 void Engine::AbortStep(const std::string& reason) {
+  bool dropped = false;
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
-    if (submitted_ == 0) return;
+    for (int r = 0; r < num_replicas_; ++r) {
+      if (ahead_[r].empty()) continue;
+      dropped = true;
+      // lookahead_: the step is abandoned, and so is the batch looked up
+      // ahead of it; the next Recv starts afresh, as without lookahead.
+      ahead_[r].clear();
+      in_flight_state_[r] = kNoBatch;
+    }
+    if (submitted_ == 0 && !dropped) return;
     for (int r = 0; r < num_replicas_; ++r) {
       if (parts_[r]) step_errors_[r] = reason;
       parts_[r].reset();

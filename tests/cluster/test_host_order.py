@@ -97,6 +97,45 @@ def test_training_step_graph_has_no_cross_host_chain(hosts, replicas):
             e.shutdown()
 
 
+def test_pipelined_step_looks_ahead_past_the_previous_send(hosts):
+    """With pipelining a host's Recv of step 2 is not ordered after its Send
+    of step 1 (ordering.py: the engine looks one batch ahead), while its
+    Recvs and its Sends each keep program order; without it, Recv 2 follows
+    Send 1 (the check demonstrably fails on that graph)."""
+    from sharded_case import OPTIMIZERS, feature_config
+    initial, per_replica, cots = make_case(6, 1)
+    steps = [(per_replica[s][0][0], per_replica[s][0][1], cots[s][0]) for s in range(2)]
+    for pipelined in (True, False):
+        emb = tf_tpu_emb.TPUEmbedding(feature_config(initial, B), OPTIMIZERS["adagrad"](),
+                                      cluster=hosts, pipeline_execution_with_tensor_core=pipelined)
+        try:
+            @tf.function
+            def call(batch):
+                out = []
+                for features, weights, cot in batch:
+                    emb.enqueue(features, weights, training=True)
+                    out.append(emb.dequeue())
+                    emb.apply_gradients(cot)
+                return out
+
+            graph = call.get_concrete_function(steps).graph
+            assert cross_host_edges(graph) == []
+            for k in range(2):
+                recv, send = (sorted(host_ops(graph, k, kind), key=lambda op: op._id)  # pylint: disable=protected-access
+                              for kind in ("Recv", "Send"))
+                assert len(recv) == len(send) == 2
+                assert reaches(recv[0], recv[1]) and reaches(send[0], send[1])
+                assert reaches(recv[0], send[0]) and reaches(recv[1], send[1])
+                assert reaches(send[0], recv[1]) != pipelined, \
+                    "host %d: pipelined=%s but Recv 2 %s Send 1" % (
+                        k, pipelined, "follows" if pipelined else "does not follow")
+            if pipelined:  # and the step runs
+                acts = call(steps)
+                assert np.isfinite(acts[1]["bag"].numpy()).all()
+        finally:
+            emb.shutdown()
+
+
 def _two_host_program(mark):
     """A step-shaped program over two hosts' engine ops (traced, not run)."""
     config = eu.serialize(eu.table_mode_config(

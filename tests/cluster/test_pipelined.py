@@ -13,8 +13,9 @@ host's shard engine, so:
   the unpipelined run's (the gradients are fixed, so the same updates are
   applied in the same order), and step 1's activations differ from the
   unpipelined run's (the deferral is visible);
-* two real ``python -m tf_tpu_emb.server`` hosts, 1 and 2 steps per
-  ``tf.function`` call: activations of every step and the final tables equal
+* two real ``python -m tf_tpu_emb.server`` hosts, 1, 2 and 4 steps per
+  ``tf.function`` call (inside a call a host looks up step k+1 before step
+  k's gradients come, engine/engine.h ``lookahead_``): activations of every step and the final tables equal
   the in-process pipelined engine's, with test_sharded_mid_level.py's
   one-replica tolerances (tables bit-identical except rtol 1e-6 for the
   sqrtn table; activations rtol 1e-5: a bag split over hosts is the sum of
@@ -113,7 +114,7 @@ def test_one_engine_next_lookup_does_not_see_the_current_update(optimizer, engin
                                           err_msg="%s/%s" % (t, n))
 
 
-@pytest.mark.parametrize("per_call", [1, 2])
+@pytest.mark.parametrize("per_call", [1, 2, 4])  # 4: a host looks ahead twice in one call
 @pytest.mark.parametrize("optimizer", ["adagrad", "ftrl"])
 def test_two_hosts_equal_one_pipelined_engine(hosts, optimizer, per_call, engine_released):
     initial, steps = _steps(5)

@@ -333,3 +333,70 @@ def test_the_hosts_and_the_worker_agree_on_the_batch(engine_released):
                 ops.send_tpu_embedding_routed_gradients(grads[1], engine="host1")
     finally:
         router.shutdown()
+
+
+def test_pipelined_host_looks_one_batch_ahead(engine_released):
+    """With pipelining a host's engine may look up the next batch before the
+    in-flight one is sent (engine/engine.h ``lookahead_``): that lookup does
+    not see the in-flight step's update, the one after it waits for that
+    step's Send and then sees its update, and the tables end as one plain
+    engine's after the same updates (the gradients are fixed)."""
+    import threading
+    rng = np.random.default_rng(7)
+    config = _tiny()
+    config.pipeline_execution_with_tensor_core = True
+    state = {"t": eu.random_state(rng, config.table_descriptor[0])}
+    ids = [rng.integers(0, 10, 2) for _ in range(3)]
+    grads = [rng.standard_normal([2, 2]).astype(np.float32) for _ in range(3)]
+
+    def inputs(s):
+        return ([tf.zeros([0], tf.int32)], [tf.constant(ids[s], tf.int64)], [tf.zeros([0])])
+
+    # The reference: one plain engine; step 2's lookup after update 0 only.
+    plain = _tiny()
+    plain_batches = [[(tf.zeros([0], tf.int32), tf.constant(i, tf.int64), tf.zeros([0]))]
+                     for i in ids]
+    plain_grads = [[g] for g in grads]
+    want0, _ = one_engine(plain, state, plain_batches[:1], plain_grads[:1], ["mean"])
+    want2, _ = one_engine(plain, state, [plain_batches[0], plain_batches[2]],
+                          [plain_grads[0], plain_grads[2]], ["mean"])
+    _, want_tables = one_engine(plain, state, plain_batches, plain_grads, ["mean"])
+
+    router = make_router(config, ["mean"])
+    try:
+        with Hosts(config, state) as hosts:
+            for s in range(3):
+                for name, part in zip(hosts.names, router.route(*inputs(s), "train", 0)[0]):
+                    ops.enqueue_tpu_embedding_routed_batch(part, engine=name)
+
+            def recv():
+                return [ops.recv_tpu_embedding_routed_activations(engine=n) for n in hosts.names]
+
+            def send(s):
+                for name, part in zip(hosts.names, router.split([tf.constant(grads[s])], [], 0)):
+                    ops.send_tpu_embedding_routed_gradients(part, engine=name)
+
+            parts0 = recv()
+            parts1 = recv()  # before step 0's Send: looked up ahead
+            third = {}
+            waiter = threading.Thread(target=lambda: third.setdefault("parts", recv()))
+            waiter.start()
+            waiter.join(1.0)
+            assert waiter.is_alive(), "a second lookup ahead did not wait for the Send"
+            acts0 = router.combine(parts0, 0)
+            send(0)
+            waiter.join(30)
+            assert not waiter.is_alive()
+            acts1 = router.combine(parts1, 0)
+            send(1)
+            acts2 = router.combine(third["parts"], 0)
+            send(2)
+            got_tables = hosts.tables()
+    finally:
+        router.shutdown()
+    eu.assert_close(acts0[0].numpy(), want0[0][0], rtol=1e-6, atol=1e-7, what="step 0")
+    # Step 1 on the initial tables (one id a bag): update 0 not seen.
+    np.testing.assert_array_equal(acts1[0].numpy(), state["t"][0][ids[1]], "step 1")
+    eu.assert_close(acts2[0].numpy(), want2[1][0], rtol=1e-6, atol=1e-7,
+                    what="step 2 (sees update 0, not update 1)")
+    assert_tables(got_tables, want_tables, exact=True, seed=7)

@@ -27,6 +27,16 @@ in), not three times (benchmarks/RESULTS.md, issue 31).  The engine's queue
 makes that order-free: a Recv takes the oldest batch, and the sequence a
 routed batch carries checks that worker and hosts agree (engine/routing.h).
 
+With ``pipeline_execution_with_tensor_core`` a host's engine looks one batch
+ahead (engine/engine.h ``lookahead_``): the Recv of step k+1 may run before
+the Send of step k, since that lookup must not see step k's update anyway.
+Then a host's Recvs form a chain of their own (``recv="ahead"``: each after
+the previous Recv and the Enqueues before it) and its Sends another
+(``send=True``: each after the previous Send); every other op of the engine
+is ordered after both.  Step k+1's lookup and its activations' trip to the
+worker then overlap step k's gradients coming back; the engine keeps the
+lookup after next waiting for the Send (benchmarks/RESULTS.md, issue 31).
+
 Where the hook is missing, :func:`per_host` does nothing and the step stays
 correct, only serial.
 """
@@ -87,15 +97,19 @@ def per_host(built, host, queue=None):
     mode) as an op of host ``host``'s engine.  Returns ``built``.
 
     ``queue``: None (an op of the engine), "write" (an Enqueue: an op of the
-    host's queue only) or "read" (a Recv: an op of the engine that reads the
-    queue)."""
-    if queue not in (None, "write", "read"):
-        raise ValueError("queue must be None, 'write' or 'read', got %r" % (queue,))
+    host's queue only), "read" (a Recv: an op of the engine that reads the
+    queue), and for an engine that looks ahead (pipelining) "ahead" (a Recv
+    ordered only after Recvs and Enqueues) or "send" (a Send ordered only
+    after Sends; both before the engine's other ops)."""
+    if queue not in (None, "write", "read", "ahead", "send"):
+        raise ValueError("queue must be None, 'write', 'read', 'ahead' or 'send', got %r"
+                         % (queue,))
     if built is None or tf.executing_eagerly() or _register is None:
         return built
-    queue_key = ("queue", host)
-    writes = (queue_key,) if queue == "write" else (host,)
-    reads = (queue_key,) if queue == "read" else ()
+    queue_key, recv_key = ("queue", host), ("recv", host)
+    writes = {"write": (queue_key,), "ahead": (recv_key,), "send": (host,)}.get(
+        queue, (host, recv_key))
+    reads = (queue_key,) if queue in ("read", "ahead") else ()
     items = built if isinstance(built, (list, tuple)) else [built]
     ops_ = {x if isinstance(x, tf.Operation) else x.op for x in items}
     for op in ops_:
@@ -113,6 +127,6 @@ def per_host(built, host, queue=None):
 def _make_key(graph, name, index):
     """A scalar constant of ``graph`` that stands for ``name`` (a host's
     engine, or ("queue", host): its queue)."""
-    label = "queue{}".format(name[1]) if isinstance(name, tuple) else "{}_engine".format(name)
+    label = "{}{}".format(*name) if isinstance(name, tuple) else "{}_engine".format(name)
     with graph.as_default(), graph.control_dependencies(None), graph.name_scope(None):
         return tf.constant(index, name="tf_tpu_emb_host{}".format(label))

@@ -98,6 +98,8 @@ class ShardedEngine(backend.Backend):
         # Hosts apply a step's update after their Send returned (the next
         # Recv waits for it): the worker routes the next batch meanwhile.
         self.background_updates = True
+        # Pipelining: each host's engine looks one batch ahead (ordering.py).
+        self.lookahead = bool(proto.pipeline_execution_with_tensor_core)
         self.replica_offset = int(replica_offset)
         self._owner = owner
         self._generation = None
@@ -313,7 +315,7 @@ class ShardedEngine(backend.Backend):
             with tf.device(self._device(k, replica)):
                 parts.append(ordering.per_host(
                     ops.recv_tpu_embedding_routed_activations(engine=self.engine, name=name), k,
-                    queue="read"))
+                    queue="ahead" if self.lookahead else "read"))
         return list(ordering.per_host(self.router.combine(parts, replica, name=name), WORKER))
 
     def send(self, layout, gradients, learning_rates, replica, control_inputs=None,
@@ -329,5 +331,6 @@ class ShardedEngine(backend.Backend):
         for k, part in enumerate(parts):
             with tf.device(self._device(k, replica)):
                 sends.append(ordering.per_host(ops.send_tpu_embedding_routed_gradients(
-                    part, background=self.background_updates, engine=self.engine, name=name), k))
+                    part, background=self.background_updates, engine=self.engine, name=name), k,
+                    queue="send" if self.lookahead else None))
         return None if tf.executing_eagerly() else tf.group(sends)
