@@ -26,10 +26,13 @@ def make(hosts=None):
                                                initializer=_initial))
               for f, (v, d) in TABLES.items()}
     kwargs = {} if hosts is None else {"cluster": hosts}
-    # TF_TPU_EMB_SOAK_PIPELINE=1: pipeline_execution_with_tensor_core on
-    # both sides (the trainer inherits it; test_fault_soak.py's docstring).
-    pipelined = os.environ.get("TF_TPU_EMB_SOAK_PIPELINE", "") not in ("", "0")
-    return tf_tpu_emb.TPUEmbedding(config, E.Adagrad(LR), pipelined, **kwargs)
+    return tf_tpu_emb.TPUEmbedding(config, E.Adagrad(LR), pipelined(), **kwargs)
+
+
+def pipelined():
+    """TF_TPU_EMB_SOAK_PIPELINE=1: pipeline_execution_with_tensor_core on
+    both sides (the trainer inherits it; test_fault_soak.py's docstring)."""
+    return os.environ.get("TF_TPU_EMB_SOAK_PIPELINE", "") not in ("", "0")
 
 
 def ids(n):

@@ -5,7 +5,8 @@ connects to the embedding hosts, builds ``soak_model``'s model (retrying
 while a crashed trainer's lease still holds the hosts: the time it waited is
 printed as ``BUILT <seconds>``), then obeys one command per stdin line:
 
-  ``steps A B``      training steps A..B-1, each under
+  ``steps A B``      training steps A..B-1, each under (with pipelining two
+                     steps a call where two are left)
                      ``hosts.run(step, timeout_s=STEP_TIMEOUT_S)`` (the first
                      one after a connect: 120 s, it traces and instantiates);
                      ``OK``, or ``ERROR <class> <message>`` at the first failure
@@ -40,12 +41,12 @@ def say(*words):
     print(*words, flush=True)
 
 
-ACTIVE = [None]  # the step the main loop waits for (None after it failed)
+ACTIVE = [()]  # the steps of the call the main loop waits for (none after it failed)
 
 
 def hook(point):
     def wait(x, n):
-        if int(n) != ACTIVE[0]:
+        if int(n) not in ACTIVE[0]:
             # A step abandoned at its deadline, going on once the hung host
             # was killed: it must not take the test's next line from stdin.
             return x
@@ -74,8 +75,7 @@ def main():
     checkpoint = tf.train.Checkpoint(embedding=emb)
     features = list(model.TABLES)
 
-    @tf.function
-    def step(ids, grads, n):
+    def one_step(ids, grads, n):
         first = tf.numpy_function(hook("enqueue"), [ids[features[0]], n], tf.int64,
                                   stateful=True)
         first.set_shape(ids[features[0]].shape)
@@ -86,6 +86,17 @@ def main():
         with tf.control_dependencies([gate]):
             grads = {f: tf.identity(g) for f, g in grads.items()}
         emb.apply_gradients(grads)
+
+    step = tf.function(one_step)
+
+    @tf.function
+    def two_steps(ids, grads, n, ids_next, grads_next, n_next):
+        # With pipelining a host looks step n+1 up before step n's gradients
+        # come (engine/engine.h lookahead_): a fault can find a batch ahead.
+        one_step(ids, grads, n)
+        one_step(ids_next, grads_next, n_next)
+
+    per_call = 2 if model.pipelined() else 1
 
     # The first step after a (re)connect traces the function and instantiates
     # it on every host: seconds on two busy cores, so it gets a long deadline
@@ -98,10 +109,19 @@ def main():
             continue
         try:
             if words[0] == "steps":
-                for n in range(int(words[1]), int(words[2])):
-                    ACTIVE[0] = n
-                    hosts.run(step, model.ids(n), model.grads(n), tf.constant(n, tf.int64),
+                n, end = int(words[1]), int(words[2])
+                while n < end:
+                    ACTIVE[0] = (n,)
+                    args = [model.ids(n), model.grads(n), tf.constant(n, tf.int64)]
+                    fn = step
+                    if per_call == 2 and n + 1 < end:
+                        fn = two_steps
+                        ACTIVE[0] = (n, n + 1)
+                        args += [model.ids(n + 1), model.grads(n + 1),
+                                 tf.constant(n + 1, tf.int64)]
+                    hosts.run(fn, *args,
                               timeout_s=timeout_s if warm[0] else FIRST_STEP_TIMEOUT_S)
+                    n += 2 if fn is two_steps else 1
                     warm[0] = True
             elif words[0] == "save":
                 checkpoint.write(words[1])
@@ -121,7 +141,7 @@ def main():
                 continue
             say("OK")
         except tf.errors.OpError as e:
-            ACTIVE[0] = None
+            ACTIVE[0] = ()
             say("ERROR", type(e).__name__, e.message.replace("\n", " ")[:500])
 
 
