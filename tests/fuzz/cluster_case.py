@@ -8,7 +8,10 @@ from 1 row, fewer rows than hosts included, to 64; dims 1-8; combiner sum,
 mean or sqrtn), 1-4 features over them, the optimizer (SGD, Adagrad, Adam,
 FTRL), the sharding (DIV_DEFAULT or MOD), the batch (1-8), 1-3 training steps
 of ragged bags (empty bags included, ids anywhere in the vocabulary) and their
-activation gradients.  Every step's activations and, at the end, every table
+activation gradients; in 30% of the cases both sides pipeline
+(``pipeline_execution_with_tensor_core``) and run every step in one
+``tf.function`` call, so that a host looks a batch up ahead of the previous
+step's gradients.  Every step's activations and, at the end, every table
 and slot must equal the single engine's (rtol 1e-5: a bag split over hosts
 is summed in another order), else a ``corruption`` finding; a TF error on
 valid input is a ``wrong_error`` (the executor's usual classification).
@@ -38,19 +41,35 @@ def _model(spec, hosts=None):
     config = {"f%d" % i: TE.FeatureConfig(tables[t], name="f%d" % i)
               for i, t in enumerate(spec["features"])}
     kwargs = {} if hosts is None else {"cluster": hosts, "sharding_strategy": spec["sharding"]}
-    emb = tf_tpu_emb.TPUEmbedding(config, _optimizer(spec["optimizer"], spec["lr"]), **kwargs)
+    emb = tf_tpu_emb.TPUEmbedding(config, _optimizer(spec["optimizer"], spec["lr"]),
+                                  pipeline_execution_with_tensor_core=spec.get("pipeline", False),
+                                  **kwargs)
     emb.build(per_replica_batch_size=spec["batch"])
     return emb
 
 
-def _step(emb, step):
+def _inputs(step):
     features = {name: tf.RaggedTensor.from_row_splits(
         tf.constant(ids, tf.int64), tf.constant(splits, tf.int64))
         for name, (splits, ids) in step["features"].items()}
+    return features, {k: tf.constant(g) for k, g in step["grads"].items()}
+
+
+def _train(emb, features, grads):
     emb.enqueue(features, training=True)
-    acts = {k: v.numpy() for k, v in emb.dequeue().items()}
-    emb.apply_gradients({k: tf.constant(g) for k, g in step["grads"].items()})
+    acts = emb.dequeue()
+    emb.apply_gradients(grads)
     return acts
+
+
+def _steps(emb, steps, one_call):
+    """Every step's activations: eagerly one by one, or (one_call) every
+    step in one tf.function call."""
+    if not one_call:
+        return [{k: v.numpy() for k, v in _train(emb, *_inputs(s)).items()} for s in steps]
+    call = tf.function(lambda batch: [_train(emb, f, g) for f, g in batch])
+    return [{k: v.numpy() for k, v in acts.items()}
+            for acts in call([_inputs(s) for s in steps])]
 
 
 def _state(emb):
@@ -65,8 +84,10 @@ def run(spec, finding):
         local = _model(spec)
         remote = _model(spec, cluster.hosts)
         try:
-            for n, step in enumerate(spec["steps"]):
-                want, got = _step(local, step), _step(remote, step)
+            one_call = spec.get("pipeline", False)
+            wants = _steps(local, spec["steps"], one_call)
+            gots = _steps(remote, spec["steps"], one_call)
+            for n, (want, got) in enumerate(zip(wants, gots)):
                 for name in want:
                     if not np.allclose(got[name], want[name], rtol=RTOL, atol=ATOL):
                         raise finding("corruption", "step %d, feature %s: activations on %d "
