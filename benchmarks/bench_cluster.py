@@ -131,16 +131,45 @@ def make_embedding(args, tables, cluster=None, pipelined=False):
     return emb
 
 
+def more_batches(args, count):
+    """`count` further batches of the workload's stream: the same hot rows
+    (each table's permutation of `workload`, whose draws are replayed), other
+    Zipf draws."""
+    rng = np.random.default_rng(args.seed)
+    for _ in range(args.tables):
+        rng.standard_normal((args.vocab, args.dim))
+    perms = []
+    for _ in range(args.tables):
+        rng.zipf(1.05, args.batch * args.hot)
+        perms.append(rng.permutation(args.vocab))
+        rng.standard_normal((args.batch, args.dim))
+    out = []
+    for b in range(count):
+        draws = np.random.default_rng([args.seed, 1 + b])
+        features = {}
+        for t in range(args.tables):
+            ranks = np.minimum(draws.zipf(1.05, args.batch * args.hot) - 1, args.vocab - 1)
+            features["f%d" % t] = tf.RaggedTensor.from_row_splits(
+                perms[t][ranks].astype(np.int64),
+                np.arange(args.batch + 1, dtype=np.int64) * args.hot)
+        out.append(features)
+    return out
+
+
 def make_call(emb, features, cot, steps):
-    """One call of `steps` training steps; returns the last step's activations."""
+    """One call of `steps` training steps; returns the last step's activations.
+    `features`: one batch, or a list of batches that step k of a call takes
+    k modulo their number of."""
+    batches = features if isinstance(features, list) else [features]
+
     @tf.function
     def call():
-        emb.enqueue(features, training=True)
+        emb.enqueue(batches[0], training=True)
         for k in range(steps):
             acts = emb.dequeue()
             emb.apply_gradients(cot)
             if k + 1 < steps:  # routed by the worker while the hosts apply step k
-                emb.enqueue(features, training=True)
+                emb.enqueue(batches[(k + 1) % len(batches)], training=True)
         return acts
     return call
 

@@ -25,10 +25,12 @@ The protocol (issue 31):
 ``--pipeline off,on``: both sides built with that
 ``pipeline_execution_with_tensor_core`` (interleaved; the hosts' side then
 overlaps step k's update with step k+1's lookup traffic, engine/engine.h
-``deferred_``; the first step must still equal the local side's, which runs
-the same rule).  ``--pss`` (direct network): per round also
+``deferred_``, and looks step k+1 up before step k's gradients come,
+``lookahead_``; the first step must still equal the local side's, which runs
+the same rule).  ``--pss``: per round (and delay) also
 ``pss_side.py``, ParameterServerStrategy with its parameter servers on
-``--host-cpus`` and its coordinator and worker on ``--worker-cpus``.
+``--host-cpus`` and its coordinator and worker on ``--worker-cpus`` (with
+``--net relay`` through a relay of its own, with the same delay and rate).
 
 The step is ``bench_cluster.py``'s (the mid-level API: enqueue, dequeue,
 apply_gradients of a fixed activation gradient; Adagrad, combiner mean,
@@ -78,6 +80,9 @@ def parse_args(argv):
                    help="one-way delays of the relay, a comma list, interleaved (default 50,500)")
     p.add_argument("--rate-gbit", type=float, default=10.0, help="relay rate (0: unlimited)")
     p.add_argument("--steps-per-call", default="1,10")
+    p.add_argument("--batches", type=int, default=1,
+                   help="distinct batches a call's steps cycle through (default 1: the same "
+                        "batch every step; bench_cluster.more_batches)")
     p.add_argument("--pipeline", default="off,on",
                    help="pipeline_execution_with_tensor_core of both sides, a comma list of "
                         "off/on, interleaved (default off,on)")
@@ -91,7 +96,7 @@ def parse_args(argv):
     p.add_argument("--pss", action="store_true",
                    help="per round, also ParameterServerStrategy (pss_side.py) on --hosts "
                         "parameter servers pinned to --host-cpus, its coordinator and worker "
-                        "to --worker-cpus; direct network only")
+                        "to --worker-cpus; with --net relay through a relay of its own")
     p.add_argument("--quick", action="store_true",
                    help="tiny smoke run (small tables and batch, 1 round, 1 block of 3 calls)")
     args = p.parse_args(argv)
@@ -105,8 +110,6 @@ def parse_args(argv):
     args.delays_us = ([float(s) for s in args.delays_us.split(",") if s]
                       if args.net == "relay" else [None])
     args.relay_cpus = args.relay_cpus or args.host_cpus
-    if args.pss and args.net != "direct":
-        p.error("--pss runs with --net direct only (its tasks do not go through the relay)")
     if set(cpu_list(args.worker_cpus)) & set(cpu_list(args.host_cpus)):
         p.error("--worker-cpus and --host-cpus must be disjoint")
     return args
@@ -157,13 +160,16 @@ class Relay:
                 self.proc.wait()
 
 
-def pss_round(args):
-    """pss_side.py under this protocol: ({steps per call: seconds per step},
+def pss_round(args, delay=None):
+    """pss_side.py under this protocol (through a relay of its own with
+    `delay` us one way, when not None): ({steps per call: seconds per step},
     {steps per call: CPU seconds per step over its processes})."""
     cmd = ["taskset", "-c", args.worker_cpus, sys.executable, os.path.join(HERE, "pss_side.py"),
            "--hosts", str(args.hosts), "--steps-per-call", ",".join(map(str, args.steps_per_call)),
            "--blocks", str(args.blocks), "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--seed", str(args.seed), "--worker-cpus", args.worker_cpus, "--ps-cpus", args.host_cpus]
+    if delay is not None:
+        cmd += ["--relay", "%g,%g,%s" % (delay, args.rate_gbit, args.relay_cpus)]
     for k in ("tables", "vocab", "dim", "batch", "hot"):
         cmd += ["--" + k, str(getattr(args, k))]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
@@ -191,6 +197,7 @@ def main(argv=None):
 
     args.form, args.seed = "auto", args.seed
     tables, features, cot = bench.workload(args)
+    batches = [features] + bench.more_batches(args, args.batches - 1)
     ports = local_hosts.free_ports(2 * (args.hosts + 1))
     host_ports, worker_port = ports[:args.hosts], ports[args.hosts]
     relay_ports = ports[args.hosts + 1:]  # the same tasks, through the relay
@@ -240,7 +247,7 @@ def main(argv=None):
         hosts.connect()
         side_pids = {"local": [os.getpid()], "hosts": [os.getpid()] + [p.pid for p in procs]}
         results = {}  # (delay, pipeline, steps) -> list of per-round dicts
-        pss_rows = []  # per round: ({steps: seconds per step}, {steps: CPU s per step})
+        pss_rows = {}  # delay -> per round: ({steps: s per step}, {steps: CPU s per step})
         failed = False
         for r, delay, pipe in ((r, d, m) for r in range(args.rounds) for d in args.delays_us
                                for m in args.pipeline):
@@ -250,8 +257,8 @@ def main(argv=None):
             clustered = bench.make_embedding(args, tables, hosts, pipelined=pipe == "on")
             try:
                 for steps in args.steps_per_call:
-                    calls = {"local": bench.make_call(local, features, cot, steps),
-                             "hosts": bench.make_call(clustered, features, cot, steps)}
+                    calls = {"local": bench.make_call(local, batches, cot, steps),
+                             "hosts": bench.make_call(clustered, batches, cot, steps)}
                     if r == 0 and steps == args.steps_per_call[0] and delay == args.delays_us[0]:
                         # The same flag on both sides: equal activations
                         # (test_pipelined.py checks every step and table).
@@ -308,9 +315,10 @@ def main(argv=None):
                 clustered.shutdown()
                 local.shutdown()
             if args.pss and pipe == args.pipeline[-1]:
-                pss_rows.append(pss_round(args))
-                print("round %d, PSS: %s ms" % (r, ", ".join(
-                    "%d/call %.2f" % (k, v * 1e3) for k, v in pss_rows[-1][0].items())),
+                pss_rows.setdefault(delay, []).append(pss_round(args, delay))
+                print("round %d, %s, PSS: %s ms" % (
+                    r, "direct" if delay is None else "%g us" % delay, ", ".join(
+                        "%d/call %.2f" % (k, v * 1e3) for k, v in pss_rows[delay][-1][0].items())),
                     flush=True)
         print("\nmedians over %d rounds (load %s)" % (
             args.rounds, " ".join("%.2f" % x for x in os.getloadavg())))
@@ -331,19 +339,20 @@ def main(argv=None):
         if pss_rows:
             print("\nParameterServerStrategy (pss_side.py, %d parameter server(s) on cores %s, "
                   "coordinator and worker on cores %s), medians over %d rounds"
-                  % (args.hosts, args.host_cpus, args.worker_cpus, len(pss_rows)))
-            print("%5s %9s %9s %9s %s" % ("steps", "pss_ms", "pss_sps", "cpu_pss",
-                                         " ".join("pss/hosts_%s" % m for m in args.pipeline)))
-            for steps in args.steps_per_call:
-                ms = statistics.median(row[0][steps] for row in pss_rows)
-                cpu = statistics.median(row[1][steps] for row in pss_rows)
-                ratios = []
-                for pipe in args.pipeline:
-                    ours = [row["hosts"] for row in results.get((None, pipe, steps), [])]
-                    ratios.append("%14.2fx" % (ms / statistics.median(ours)) if ours else "-")
-                print("%5d %9.2f %9s %9.2f %s" % (steps, ms * 1e3,
-                                                  format(int(args.batch / ms), ","), cpu * 1e3,
-                                                  " ".join(ratios)))
+                  % (args.hosts, args.host_cpus, args.worker_cpus, args.rounds))
+            print("%-10s %5s %9s %9s %9s %s" % ("net", "steps", "pss_ms", "pss_sps", "cpu_pss",
+                                               " ".join("pss/hosts_%s" % m for m in args.pipeline)))
+            for delay, rows in pss_rows.items():
+                for steps in args.steps_per_call:
+                    ms = statistics.median(row[0][steps] for row in rows)
+                    cpu = statistics.median(row[1][steps] for row in rows)
+                    ratios = []
+                    for pipe in args.pipeline:
+                        ours = [row["hosts"] for row in results.get((delay, pipe, steps), [])]
+                        ratios.append("%14.2fx" % (ms / statistics.median(ours)) if ours else "-")
+                    print("%-10s %5d %9.2f %9s %9.2f %s" % (
+                        "direct" if delay is None else "%gus" % delay, steps, ms * 1e3,
+                        format(int(args.batch / ms), ","), cpu * 1e3, " ".join(ratios)))
             print("(pss/hosts: PSS step time / ours, > 1: ours faster; cpu_pss: CPU ms per step "
                   "of the coordinator, the worker and the parameter servers)")
         print("(ms: step time; sps: samples/s; cpu_*: CPU ms per step over the side's "

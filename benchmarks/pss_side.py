@@ -65,6 +65,8 @@ def parse_args(argv):
     p.add_argument("--worker-cpus", help="cores of this process and the worker task "
                    "(taskset; bench_pinned.py's protocol); default: not pinned")
     p.add_argument("--ps-cpus", help="cores of the parameter servers (taskset)")
+    p.add_argument("--relay", help="DELAY_US,RATE_GBIT,CPUS: every connection between the "
+                   "tasks through benchmarks/netsim_relay.py (bench_pinned.py --net relay)")
     args = p.parse_args(argv)
     for k, v in (bc.QUICK if args.quick else bc.DEFAULTS).items():
         if k != "hosts" and getattr(args, k) is None:
@@ -150,13 +152,35 @@ def main(argv=None):
     tables, features, cot = bc.workload(args)
     sparse = {k: v.to_sparse() for k, v in features.items()}
     cot = [cot["f%d" % t] for t in range(args.tables)]
-    ports = ["127.0.0.1:%d" % p for p in free_ports(args.hosts + 2)]
+    numbers = free_ports(2 * (args.hosts + 2))
+    ports = ["127.0.0.1:%d" % p for p in numbers[:args.hosts + 2]]
     cluster = {"chief": ports[:1], "worker": ports[1:2], "ps": ports[2:]}
     procs = start_tasks(cluster, {"worker": args.worker_cpus, "ps": args.ps_cpus})
     pids = [os.getpid()] + [proc.pid for proc in procs]
+    relay = None
+    connect = cluster
+    if args.relay:
+        # As bench_pinned.py --net relay: the cluster spec this process
+        # connects with (the one every task gets) names the relay's ports, so
+        # every connection between the tasks, both ways, goes through it; this
+        # task still binds its own port.
+        from bench_pinned import Relay  # pylint: disable=import-outside-toplevel
+        from tensorflow.python.eager import context  # pylint: disable=import-outside-toplevel
+        delay, rate, cpus = args.relay.split(",", 2)
+        real, relayed = numbers[:args.hosts + 2], numbers[args.hosts + 2:]
+        relay = Relay(["%d:%d" % pair for pair in zip(relayed, real)], cpus,
+                      float(delay), float(rate))
+        relayed = ["127.0.0.1:%d" % p for p in relayed]
+        connect = {"chief": relayed[:1], "worker": relayed[1:2], "ps": relayed[2:]}
+        set_server_def = context.Context.set_server_def
+
+        def bind_chief_port(self, server_def, *a, **k):
+            server_def.port = real[0]
+            return set_server_def(self, server_def, *a, **k)
+        context.Context.set_server_def = bind_chief_port
     try:
         resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-            tf.train.ClusterSpec(cluster), task_type="chief", task_id=0, rpc_layer="grpc")
+            tf.train.ClusterSpec(connect), task_type="chief", task_id=0, rpc_layer="grpc")
         strategy = tf.distribute.experimental.ParameterServerStrategy(
             resolver, variable_partitioner=tf.distribute.experimental.partitioners
             .FixedShardsPartitioner(args.hosts))
@@ -186,8 +210,13 @@ def main(argv=None):
             out["steps_per_call"][str(spc)] = statistics.median(times)
             out.setdefault("cpu_per_step", {})[str(spc)] = (
                 (cpu_seconds(pids) - c0) / (args.blocks * args.steps * spc))
+        if relay is not None:
+            out["relay_late_us"] = relay.stats()["late_mean_us"]
+            out["relay_bytes"] = relay.moved()  # > 0: the tasks' traffic went through it
         print(json.dumps(out), flush=True)
     finally:
+        if relay is not None:
+            relay.close()
         for proc in procs:
             proc.kill()
             proc.wait()

@@ -193,7 +193,9 @@ void ApplyPartition(TableStep& ts, int64_t begin, int64_t end) {
 
 void Engine::ApplyStep(const std::vector<std::unique_ptr<StepPart>>& parts,
                        const std::vector<float>& dynamic_inputs,
-                       ::tsl::thread::ThreadPool* pool) {
+                       ::tsl::thread::ThreadPool* pool,
+                       const std::vector<std::vector<uint8_t>>* first,
+                       const std::function<void()>& after_first) {
   const int num_tables = tables_.size();
   std::vector<TableStep> steps(num_tables);
   const uint64_t step = steps_applied_++;
@@ -276,6 +278,25 @@ void Engine::ApplyStep(const std::vector<std::unique_ptr<StepPart>>& parts,
       }
     }
   });
+  // With `first`: each partition's contributions to the marked rows move
+  // ahead of the others (stable: a row's contributions keep their order, and
+  // all of a row's are on one side), so the marked rows can be updated first.
+  std::vector<std::vector<int64_t>> mids(num_tables);
+  if (first != nullptr) {
+    run(num_tables, 1 << 20, [&](int64_t t_begin, int64_t t_end) {
+      for (int64_t t = t_begin; t < t_end; ++t) {
+        TableStep& ts = steps[t];
+        const std::vector<uint8_t>& marked = (*first)[t];
+        for (size_t i = 0; i + 1 < ts.partition_starts.size(); ++i) {
+          auto begin = ts.contributions.begin() + ts.partition_starts[i];
+          auto end = ts.contributions.begin() + ts.partition_starts[i + 1];
+          auto mid = std::stable_partition(
+              begin, end, [&](const Contribution& c) { return marked[c.id] != 0; });
+          mids[t].push_back(mid - ts.contributions.begin());
+        }
+      }
+    });
+  }
   // Every (table, partition) is an independent task over disjoint rows.
   std::vector<std::pair<int, int>> tasks;
   for (int t = 0; t < num_tables; ++t) {
@@ -283,13 +304,26 @@ void Engine::ApplyStep(const std::vector<std::unique_ptr<StepPart>>& parts,
       if (steps[t].partition_starts[i + 1] > steps[t].partition_starts[i]) tasks.push_back({t, i});
     }
   }
-  run(tasks.size(), 1 << 20, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      TableStep& ts = steps[tasks[i].first];
-      ApplyPartition(ts, ts.partition_starts[tasks[i].second],
-                     ts.partition_starts[tasks[i].second + 1]);
-    }
-  });
+  // phase 0: every contribution (no `first`); 1: the marked rows; 2: the rest.
+  auto apply = [&](int phase) {
+    run(tasks.size(), 1 << 20, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        TableStep& ts = steps[tasks[i].first];
+        const int p = tasks[i].second;
+        int64_t lo = ts.partition_starts[p], hi = ts.partition_starts[p + 1];
+        if (phase == 1) hi = mids[tasks[i].first][p];
+        if (phase == 2) lo = mids[tasks[i].first][p];
+        if (lo < hi) ApplyPartition(ts, lo, hi);
+      }
+    });
+  };
+  if (first == nullptr) {
+    apply(0);
+  } else {
+    apply(1);
+    if (after_first) after_first();
+    apply(2);
+  }
   // Non-lazy optimizers: every row the step did not touch sees g = 0.
   for (int t = 0; t < num_tables; ++t) {
     TableStep& ts = steps[t];

@@ -600,6 +600,7 @@ absl::Status Engine::Init(const std::string& config_bytes, int host_id) {
   pipelined_ = config_.pipeline_execution_with_tensor_core();
   lookahead_ = pipelined_ && host_sharded_;
   ahead_.resize(num_replicas_);
+  early_batch_.assign(num_replicas_, nullptr);
   if (routing_only) return absl::OkStatus();
   std::vector<int64_t> rows;
   for (const Table& table : tables_) rows.push_back(table.vocabulary_size);

@@ -19,6 +19,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
@@ -253,7 +254,7 @@ class Engine : public ::tensorflow::ResourceBase {
   // The step being collected: parts_[r] is set once replica r has sent.
   std::vector<std::unique_ptr<StepPart>> parts_;
   int submitted_ = 0;
-  bool applying_ = false;
+  int applying_ = 0;  // updates formed and not yet finished (queued or running)
   std::vector<std::string> step_errors_;   // per replica, from AbortStep
   StepBarrier<Batch> step_barrier_{&queue_mu_};  // Recvs waiting, under queue_mu_
   std::condition_variable applied_cv_;  // applying_ became false (queue_mu_)
@@ -286,6 +287,22 @@ class Engine : public ::tensorflow::ResourceBase {
   // the batch it answers (its sequence), so the order stays checked.
   bool lookahead_ = false;
   std::vector<std::deque<Batch>> ahead_;  // per replica, at most one batch
+  // The rows the next lookup reads first (embedding hosts without
+  // pipelining: a background update, engine/apply.cc ApplyStep): when every
+  // replica's next batch is queued as the update starts, the rows those
+  // batches read are updated first, then the tables lock is released and
+  // those batches' Recvs (each replica's first, `early_batch_`) look up while
+  // the update's other rows -- which they do not read -- are updated.  The
+  // lookup sees the whole update of every row it reads, as it would after
+  // the whole update; the Recv after it, Load and Retrieve wait for the end.
+  std::vector<std::vector<uint8_t>> first_rows_;  // per table, per row: read next
+  std::vector<const Batch*> early_batch_;          // per replica; null: none
+  bool early_ready_ = false;  // the first rows are updated
+  // Under queue_mu_: whether the starting update can put the next lookups'
+  // rows first (sets first_rows_ and early_batch_).
+  bool PrepareFirstRowsLocked();
+  // Under queue_mu_: whether replica's Recv may look up during the update.
+  bool EarlyRecvLocked(int replica) const;
   // Starts the deferred update on its own thread (under queue_mu_).
   void StartDeferredLocked();
   // The same once no update runs and every replica's next lookup is done.
@@ -314,8 +331,12 @@ class Engine : public ::tensorflow::ResourceBase {
   // What replica's Recv still waits for (timeout and cancel messages).
   std::string RecvWaitingFor(int replica) const;
 
+  // The step's update (engine/apply.cc).  With `first` (first_rows_) the
+  // rows it marks are updated first, then `after_first` runs, then the rest.
   void ApplyStep(const std::vector<std::unique_ptr<StepPart>>& parts,
-                 const std::vector<float>& dynamic_inputs, ::tsl::thread::ThreadPool* pool);
+                 const std::vector<float>& dynamic_inputs, ::tsl::thread::ThreadPool* pool,
+                 const std::vector<std::vector<uint8_t>>* first = nullptr,
+                 const std::function<void()>& after_first = nullptr);
 };
 
 }  // namespace tf_tpu_emb

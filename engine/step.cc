@@ -32,7 +32,9 @@ void Engine::Enqueue(int replica, Batch batch) {
 
 bool Engine::RecvReady(int replica) const {
   if (!step_errors_[replica].empty()) return true;
-  if (applying_ || (!pipelined_ && parts_[replica])) return false;
+  if ((applying_ && !EarlyRecvLocked(replica)) || (!pipelined_ && parts_[replica])) {
+    return false;
+  }
   // A deferred update this replica has looked past is started first
   // (FlushDeferredFor): its Recv waits for it.
   if (!deferred_.empty() && !deferred_waiting_[replica]) return false;
@@ -48,9 +50,40 @@ absl::Status Engine::Resolve(int replica, Batch* batch) {
     return absl::AbortedError(absl::StrCat(
         "RecvTPUEmbeddingActivations: the previous training step was aborted: ", error));
   }
+  if (applying_) early_batch_[replica] = nullptr;  // its early lookup: taken
   *batch = std::move(queues_[replica].front());
   queues_[replica].pop_front();
   return absl::OkStatus();
+}
+
+bool Engine::EarlyRecvLocked(int replica) const {
+  return early_ready_ && applying_ == 1 && early_batch_[replica] != nullptr &&
+         !queues_[replica].empty() && &queues_[replica].front() == early_batch_[replica];
+}
+
+bool Engine::PrepareFirstRowsLocked() {
+  if (pipelined_ || applying_ != 1) return false;
+  for (const Table& table : tables_) {
+    if (table.update.non_lazy) return false;  // its update reads and writes every row
+  }
+  for (int r = 0; r < num_replicas_; ++r) {
+    if (queues_[r].empty()) return false;
+  }
+  if (first_rows_.empty()) {
+    for (const Table& table : tables_) first_rows_.emplace_back(table.vocabulary_size, 0);
+  }
+  for (auto& marked : first_rows_) std::fill(marked.begin(), marked.end(), 0);
+  for (int r = 0; r < num_replicas_; ++r) {
+    const Batch& next = queues_[r].front();
+    for (size_t o = 0; o < next.outputs.size() && o < outputs_.size(); ++o) {
+      std::vector<uint8_t>& marked = first_rows_[outputs_[o].table];
+      for (int64_t id : next.outputs[o].ids) {
+        if (id >= 0 && id < static_cast<int64_t>(marked.size())) marked[id] = 1;
+      }
+    }
+    early_batch_[r] = &next;
+  }
+  return true;
 }
 
 std::string Engine::RecvWaitingFor(int replica) const {
@@ -143,7 +176,7 @@ void Engine::StartDeferredIfReadyLocked() {
 
 void Engine::StartDeferredLocked() {
   if (deferred_.empty()) return;
-  applying_ = true;
+  ++applying_;
   std::vector<std::unique_ptr<StepPart>> parts;
   parts.swap(deferred_);
   std::fill(deferred_waiting_.begin(), deferred_waiting_.end(), false);
@@ -247,14 +280,30 @@ void Engine::LaunchApply(std::vector<std::unique_ptr<StepPart>> parts, std::vect
   UpdateThread::Run([this, shared, rates = std::move(rates), pool] {
     const absl::Status status = CatchExceptions("the step's update", [&] {
       std::unique_lock<std::shared_mutex> tables(tables_mu_);
-      ApplyStep(*shared, rates, pool);
+      bool first;
+      {
+        std::lock_guard<std::mutex> lock(queue_mu_);
+        first = PrepareFirstRowsLocked();
+      }
+      // With the next batches' rows first: their Recvs look up while the
+      // other rows are updated (first_rows_, engine.h).
+      ApplyStep(*shared, rates, pool, first ? &first_rows_ : nullptr, [&] {
+        tables.unlock();
+        {
+          std::lock_guard<std::mutex> lock(queue_mu_);
+          early_ready_ = true;
+        }
+        ReleaseWaiters(0, num_replicas_);
+      });
     });
     {
       std::lock_guard<std::mutex> lock(queue_mu_);
       if (!status.ok()) {  // the next Recv of every replica reports it
         for (auto& error : step_errors_) error = std::string(status.message());
       }
-      applying_ = false;
+      --applying_;
+      early_ready_ = false;
+      std::fill(early_batch_.begin(), early_batch_.end(), nullptr);
       // lookahead_: the next step may have formed, its lookups done, while
       // this one ran.
       StartDeferredIfReadyLocked();
@@ -321,12 +370,15 @@ absl::Status Engine::Submit(int replica, std::vector<::tensorflow::Tensor> keep,
       lock.unlock();
       return release();
     }
-    applying_ = true;
+    // A background update may still be running (its rows after the first
+    // ones: first_rows_): an update applied here waits for it.
+    if (!(async && pool != nullptr)) applied_cv_.wait(lock, [this] { return applying_ == 0; });
+    ++applying_;
   }
   auto applied = [this] {
     {
       std::lock_guard<std::mutex> lock(queue_mu_);
-      applying_ = false;
+      --applying_;
     }
     applied_cv_.notify_all();
     ReleaseWaiters(0, num_replicas_);

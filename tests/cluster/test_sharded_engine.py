@@ -400,3 +400,43 @@ def test_pipelined_host_looks_one_batch_ahead(engine_released):
     eu.assert_close(acts2[0].numpy(), want2[1][0], rtol=1e-6, atol=1e-7,
                     what="step 2 (sees update 0, not update 1)")
     assert_tables(got_tables, want_tables, exact=True, seed=7)
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_update_puts_the_next_batches_rows_first(engine_released, optimizer):
+    """Every batch enqueued before the first step (as a worker's multi-step
+    call does): each host's background update finds the next batch queued,
+    updates the rows it reads first and lets its Recv look up while the
+    other rows are updated (engine/engine.h ``first_rows_``).  Activations
+    and tables must still equal one engine's step by step (the batches share
+    rows, so a row updated late would show)."""
+    rng = np.random.default_rng(11)
+    config = make_config(optimizer, eu.MOD, 2)
+    combiners = ["mean", "sum"]
+    state = {d.name: eu.random_state(rng, d) for d in config.table_descriptor}
+    batches = [make_inputs(rng, True) for _ in range(4)]
+    grads = [[rng.standard_normal(s).astype(np.float32) for s in eu.output_shapes(config)]
+             for _ in batches]
+    want_acts, want_state = one_engine(config, state, batches, grads, combiners)
+    router = make_router(config, combiners)
+    try:
+        with Hosts(config, state) as hosts:
+            for batch in batches:
+                for name, part in zip(hosts.names, router.route(
+                        *[list(x) for x in zip(*batch)], "train", 0)[0]):
+                    ops.enqueue_tpu_embedding_routed_batch(part, engine=name)
+            got_acts = []
+            for grad in grads:
+                parts = [ops.recv_tpu_embedding_routed_activations(engine=n)
+                         for n in hosts.names]
+                got_acts.append([a.numpy() for a in router.combine(parts, 0)])
+                for name, part in zip(hosts.names, router.split(grad, [], 0)):
+                    ops.send_tpu_embedding_routed_gradients(part, engine=name)
+            got_state = hosts.tables()
+    finally:
+        router.shutdown()
+    for step in range(len(batches)):
+        for o, f in enumerate(config.feature_descriptor):
+            eu.assert_close(got_acts[step][o], want_acts[step][o], rtol=1e-5, atol=1e-6,
+                            what="step %d feature %s" % (step, f.name))
+    assert_tables(got_state, want_state, exact=True, seed=11)
