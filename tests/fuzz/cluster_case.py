@@ -8,10 +8,11 @@ from 1 row, fewer rows than hosts included, to 64; dims 1-8; combiner sum,
 mean or sqrtn), 1-4 features over them, the optimizer (SGD, Adagrad, Adam,
 FTRL), the sharding (DIV_DEFAULT or MOD), the batch (1-8), 1-3 training steps
 of ragged bags (empty bags included, ids anywhere in the vocabulary) and their
-activation gradients; in 30% of the cases both sides pipeline
-(``pipeline_execution_with_tensor_core``) and run every step in one
-``tf.function`` call, so that a host looks a batch up ahead of the previous
-step's gradients.  Every step's activations and, at the end, every table
+activation gradients.  Half of the cases run every step in one
+``tf.function`` call (the hosts then hold the next batch when an update
+starts, and put its rows first), and 30% pipeline both sides
+(``pipeline_execution_with_tensor_core``; in one call a host then looks a
+batch up ahead of the previous step's gradients).  Every step's activations and, at the end, every table
 and slot must equal the single engine's (rtol 1e-5: a bag split over hosts
 is summed in another order), else a ``corruption`` finding; a TF error on
 valid input is a ``wrong_error`` (the executor's usual classification).
@@ -84,7 +85,7 @@ def run(spec, finding):
         local = _model(spec)
         remote = _model(spec, cluster.hosts)
         try:
-            one_call = spec.get("pipeline", False)
+            one_call = spec.get("one_call", False)
             wants = _steps(local, spec["steps"], one_call)
             gots = _steps(remote, spec["steps"], one_call)
             for n, (want, got) in enumerate(zip(wants, gots)):

@@ -757,8 +757,10 @@ def gen_cluster(rng):
             "optimizer": str(_pick(rng, ("sgd", "adagrad", "adam", "ftrl"))),
             "lr": float(_pick(rng, (0.01, 0.1, 0.5))),
             "sharding": str(_pick(rng, ("DIV_DEFAULT", "MOD"))), "steps": steps}
-    # Pipelining: every step in one tf.function call, so a host looks the
-    # next batch up before the previous gradients come (engine lookahead_).
+    # Every step in one tf.function call: the batches are queued on the hosts
+    # ahead of the updates (engine first_rows_); with pipelining too, a host
+    # looks the next batch up before the previous gradients come (lookahead_).
+    spec["one_call"] = bool(rng.random() < 0.5)
     spec["pipeline"] = bool(rng.random() < 0.3)
     return [step("cluster", "ok", spec=spec)]
 
