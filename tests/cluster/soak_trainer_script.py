@@ -5,8 +5,8 @@ connects to the embedding hosts, builds ``soak_model``'s model (retrying
 while a crashed trainer's lease still holds the hosts: the time it waited is
 printed as ``BUILT <seconds>``), then obeys one command per stdin line:
 
-  ``steps A B``      training steps A..B-1, each under (with pipelining two
-                     steps a call where two are left)
+  ``steps A B``      training steps A..B-1, two a call (one where one is
+                     left), each call under
                      ``hosts.run(step, timeout_s=STEP_TIMEOUT_S)`` (the first
                      one after a connect: 120 s, it traces and instantiates);
                      ``OK``, or ``ERROR <class> <message>`` at the first failure
@@ -91,12 +91,14 @@ def main():
 
     @tf.function
     def two_steps(ids, grads, n, ids_next, grads_next, n_next):
-        # With pipelining a host looks step n+1 up before step n's gradients
-        # come (engine/engine.h lookahead_): a fault can find a batch ahead.
+        # A host holds step n+1's batch while step n's update runs and puts
+        # its rows first (engine/engine.h first_rows_); with pipelining it
+        # looks step n+1 up before step n's gradients come (lookahead_): a
+        # fault can find either under way.
         one_step(ids, grads, n)
         one_step(ids_next, grads_next, n_next)
 
-    per_call = 2 if model.pipelined() else 1
+    per_call = 2
 
     # The first step after a (re)connect traces the function and instantiates
     # it on every host: seconds on two busy cores, so it gets a long deadline

@@ -33,9 +33,10 @@ counts; ``TF_TPU_EMB_SOAK_FAULTS=KIND@POINT,...`` plays only those faults,
 in turn (to reproduce one); ``TF_TPU_EMB_SOAK_HOSTS`` sets the number of
 hosts (default 2); ``TF_TPU_EMB_SOAK_PIPELINE=1`` trains both sides with
 ``pipeline_execution_with_tensor_core`` (a step's update waits for the next
-lookup: a fault can find one kept on a host) and runs two steps a
-``tf.function`` call (a host looks step n+1 up before step n's gradients
-come: a fault can find a batch looked up ahead).  Run the long form with
+lookup: a fault can find one kept on a host).  The trainer runs two steps a
+``tf.function`` call: a host holds step n+1's batch while step n's update
+runs (and puts its rows first), and with pipelining looks it up before step
+n's gradients come, so a fault can find either under way.  Run the long form with
 ``TF_TPU_EMB_SOAK_SECONDS=900 .venv/bin/pytest tests/cluster/test_fault_soak.py -q -s``.
 """
 import collections
