@@ -75,6 +75,20 @@ def stepper(emb):
     return step
 
 
+def multi_stepper(emb):
+    """Several training steps in one call: ``call([(features, weights, cot),
+    ...])`` returns every step's activations."""
+    @tf.function
+    def call(batch):
+        out = []
+        for features, weights, cot in batch:
+            emb.enqueue(features, weights, training=True)
+            out.append(emb.dequeue())
+            emb.apply_gradients(cot)
+        return out
+    return call
+
+
 def state(emb):
     emb._retrieve_variables()  # pylint: disable=protected-access
     return {t: {n: v.numpy() for n, v in slots.items()}

@@ -102,22 +102,14 @@ def test_pipelined_step_looks_ahead_past_the_previous_send(hosts):
     of step 1 (ordering.py: the engine looks one batch ahead), while its
     Recvs and its Sends each keep program order; without it, Recv 2 follows
     Send 1 (the check demonstrably fails on that graph)."""
-    from sharded_case import OPTIMIZERS, feature_config
+    from sharded_case import OPTIMIZERS, feature_config, multi_stepper
     initial, per_replica, cots = make_case(6, 1)
     steps = [(per_replica[s][0][0], per_replica[s][0][1], cots[s][0]) for s in range(2)]
     for pipelined in (True, False):
         emb = tf_tpu_emb.TPUEmbedding(feature_config(initial, B), OPTIMIZERS["adagrad"](),
                                       cluster=hosts, pipeline_execution_with_tensor_core=pipelined)
         try:
-            @tf.function
-            def call(batch):
-                out = []
-                for features, weights, cot in batch:
-                    emb.enqueue(features, weights, training=True)
-                    out.append(emb.dequeue())
-                    emb.apply_gradients(cot)
-                return out
-
+            call = multi_stepper(emb)
             graph = call.get_concrete_function(steps).graph
             assert cross_host_edges(graph) == []
             for k in range(2):

@@ -32,8 +32,8 @@ import tensorflow as tf
 import engine_util as eu
 from cluster import connected_hosts
 import tf_tpu_emb
-from sharded_case import (B, OPTIMIZERS, TABLES, concat, feature_config, make_case, state,
-                          stepper)
+from sharded_case import (B, OPTIMIZERS, TABLES, concat, feature_config, make_case,
+                          multi_stepper, state, stepper)
 
 pytestmark = pytest.mark.system  # servers
 
@@ -55,15 +55,7 @@ def _steps(seed):
 def _run(emb, steps, per_call):
     """Activations of every step (numpy) and the final tables; `per_call`
     steps in each tf.function call."""
-    @tf.function
-    def call(batch):
-        out = []
-        for features, weights, cot in batch:
-            emb.enqueue(features, weights, training=True)
-            out.append(emb.dequeue())
-            emb.apply_gradients(cot)
-        return out
-
+    call = multi_stepper(emb)
     acts = []
     for s in range(0, len(steps), per_call):
         acts.extend({k: v.numpy() for k, v in a.items()} for a in call(steps[s:s + per_call]))
