@@ -121,6 +121,16 @@ inline int PartitionOf(int64_t id, int bits) {
                                       (64 - bits));
 }
 
+// ApplyPartition's per-thread scratch, kept across steps (no allocation per
+// step).  A type of its own at namespace scope: a local one's destructor
+// would be a function named after ApplyPartition, without its prefetches
+// (tests/packaging/test_package.py reads every such function).
+struct PartitionScratch {
+  std::vector<int64_t> keys, uniques;
+  std::vector<int32_t> slot_of, slot;
+  std::vector<float> acc;
+};
+
 // Accumulates (or, without gradient accumulation, applies one by one) the
 // contributions [begin, end) of one partition: ids of a partition belong to
 // no other, so partitions update disjoint rows.  Order is the contribution
@@ -146,13 +156,8 @@ void ApplyPartition(TableStep& ts, int64_t begin, int64_t end) {
   while (cap < 2 * n) cap <<= 1;
   // One TLS lookup (__tls_get_addr in a shared library: perf showed it at
   // 2.5% of a host's CPU when each vector was a thread_local of its own).
-  struct Scratch {
-    std::vector<int64_t> keys, uniques;
-    std::vector<int32_t> slot_of, slot;
-    std::vector<float> acc;
-  };
-  thread_local Scratch scratch;
-  Scratch& sc = scratch;
+  thread_local PartitionScratch scratch;
+  PartitionScratch& sc = scratch;
   auto& keys = sc.keys;
   auto& uniques = sc.uniques;
   auto& slot_of = sc.slot_of;
