@@ -93,14 +93,17 @@ class LoopbackCluster:
         self.replicas_per_host = replicas_per_host
         self.lifetime_s = lifetime_s
         self.load_library = list(load_library)
-        self.addresses = ["127.0.0.1:%d" % p for p in free_ports(num_hosts)]
         self._hosts = [None] * num_hosts
         self.ready_lines = [None] * num_hosts
+        self._choose_addresses()
+
+    def _choose_addresses(self):
         import tensorflow as tf
         from tf_tpu_emb.cluster import EmbeddingHosts
 
+        self.addresses = ["127.0.0.1:%d" % p for p in free_ports(self.num_hosts)]
         self.cluster_spec = tf.train.ClusterSpec({"embedding": list(self.addresses)})
-        self.hosts = EmbeddingHosts(self.cluster_spec, replicas_per_host=replicas_per_host)
+        self.hosts = EmbeddingHosts(self.cluster_spec, replicas_per_host=self.replicas_per_host)
 
     def _args(self, k):
         cluster = json.dumps({"embedding": self.addresses})
@@ -129,11 +132,22 @@ class LoopbackCluster:
         return self
 
     def __enter__(self):
-        try:
-            return self.start()
-        except BaseException:
-            self.close()
-            raise
+        # A free port can be taken between free_ports and the host's bind (an
+        # outgoing connection's ephemeral port, seen once in CI: "Could not
+        # start gRPC server"): then every host starts again on new ports.
+        for attempt in range(3):
+            try:
+                return self.start()
+            except RuntimeError as e:
+                self.close()
+                if "Could not start gRPC server" not in str(e) or attempt == 2:
+                    raise
+                self._hosts = [None] * self.num_hosts
+                self._choose_addresses()
+            except BaseException:
+                self.close()
+                raise
+        raise AssertionError("unreachable")
 
     def kill(self, k):
         """SIGKILL host k and reap it (a machine that died)."""
