@@ -4,7 +4,8 @@ the local engine's and prints every figure; and its bytes per host are what
 the routing moves: the automatic form never moves more than either fixed
 form, and a host's share shrinks as hosts are added.  benchmarks/bench_pinned.py
 (pinned cores; direct and through the simulated network of
-benchmarks/netsim_relay.py) runs its --quick form and fills its table."""
+benchmarks/netsim_relay.py) runs its --quick form and fills its table, and so
+does benchmarks/transport_floor.py, moving the routed bytes."""
 import importlib.util
 import os
 
@@ -101,3 +102,50 @@ def test_pinned_quick_run_prints_every_figure(net):
     for row in rows:
         assert len(row) == len(header), (header, row)
         assert float(row[header.index("MB/step")]) > 0, row
+
+
+FLOOR = os.path.join(harness.ROOT, "benchmarks", "transport_floor.py")
+
+
+def test_transport_floor_quick_run_moves_the_routed_bytes(lib):
+    """benchmarks/transport_floor.py (a host step's three tensors through TF's
+    runtime and through a bare socket, pinned; the local step and a host's
+    engine work alone beside them) runs, moves what the router says one
+    host's training step moves (routing.bytes_per_host), its socket host read
+    every byte (it checks them itself: MISMATCH), and fills its table for
+    every side at 1 and 10 steps a call, and the bound per steps a call."""
+    del lib
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two cores to pin the worker and the host apart")
+    result = harness.run_python([FLOOR, "--quick", "--worker-cpus", str(cpus[0]),
+                                 "--host-cpus", str(cpus[1])], timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "MISMATCH" not in result.stdout + result.stderr
+    bench = _bench_module()
+    args = bench.parse_args(["--quick"])  # the same small workload as the script's --quick
+    tables, features, _ = bench.workload(args)
+    emb = bench.make_embedding(args, tables)
+    config = emb._config  # pylint: disable=protected-access
+    emb.shutdown()
+    (to_host, from_host), = bench.bytes_per_host(config, features, 1)
+    head = [line for line in result.stdout.splitlines() if line.startswith("transport_floor:")]
+    words = head[0].split()
+    moved = {words[i - 1].rstrip(","): int(words[i]) for i in range(1, len(words))
+             if words[i - 1] in ("batch", "activations", "gradients")}
+    assert moved == {"batch": to_host - from_host, "activations": from_host,
+                     "gradients": from_host}, head
+    table = result.stdout.split("medians over", 1)[1].splitlines()
+    assert table[1].split() == ["side", "steps", "step_ms", "worker_cpu", "host_cpu",
+                                "total_cpu", "GB/s"], table
+    rows = []
+    for line in table[2:]:
+        if not line.strip() or line.startswith("cpu"):
+            break
+        rows.append(line.split())
+    assert sorted((row[0], row[1]) for row in rows) == sorted(
+        (side, steps) for side in ("engine", "local", "socket", "tf") for steps in ("1", "10")
+    ), table
+    assert all(float(row[2]) > 0 for row in rows), table
+    bounds = [line for line in table if "/call: engine" in line]
+    assert [line.split("/")[0].strip() for line in bounds] == ["1", "10"], table
