@@ -262,3 +262,50 @@ def test_eager_steps_name_the_host_without_hosts_run(cluster, hosts):
             step()
     assert failed.value.message.startswith(hosts.describe(1)), failed.value.message
     emb.shutdown()
+
+
+GARBAGE_FUNCTION_CHILD = """
+import gc
+import tensorflow as tf
+import tf_tpu_emb
+from cluster import LoopbackCluster
+
+tf_tpu_emb.load_library()
+gc.disable()  # the function below stays garbage until someone collects
+
+
+def make_garbage_function():
+    @tf.function(autograph=False)
+    def sgd(grad, w, lr):
+        return (w - lr * grad,)
+    spec = tf.TensorSpec([1, 2], tf.float32)
+    fn = sgd.get_concrete_function(spec, spec, spec)
+
+    @tf.function(autograph=False)
+    def run():
+        fn.add_to_graph()
+        return tf.constant(1.0)
+    run()
+
+
+with LoopbackCluster(1) as first:
+    first.hosts.connect()
+make_garbage_function()  # made while still connected to the stopped hosts
+with LoopbackCluster(2) as second:
+    second.hosts.connect()
+    gc.collect()  # what Python's collector would do at any later moment
+    second.hosts.check()
+    print("CHECKED")
+"""
+
+
+def test_connecting_to_new_hosts_with_a_garbage_function():
+    """A process connected to hosts that stopped, holding a tf.function that
+    is garbage but not yet collected (a reference cycle), connects to new
+    hosts: once the collector frees it, TF asked the new hosts to remove a
+    function never registered there, and their next op failed with
+    "Tried to remove non-existent function" (CI, stop 37: a test file's
+    function, collected in test_lifecycle's fixture).  connect collects
+    first; the new hosts' ops run."""
+    proc = harness.run_python(["-c", GARBAGE_FUNCTION_CHILD], timeout=300)
+    assert proc.returncode == 0 and "CHECKED" in proc.stdout, harness.describe(proc)

@@ -25,6 +25,7 @@ keepalive channel options (``TF_GRPC_DEFAULT_OPTIONS``) do not end it.  So:
 60 s.
 """
 import contextlib
+import gc
 import threading
 import os
 import re
@@ -238,6 +239,12 @@ class EmbeddingHosts:
         resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
             tf.train.ClusterSpec(spec), rpc_layer="grpc")
         with self._changing_context():
+            # Functions that are garbage but not yet collected (a tf.function
+            # in a reference cycle) would be collected later, and TF would then
+            # ask the new hosts to remove a function it never registered there:
+            # "Tried to remove non-existent function" on the next host op
+            # (CI, stop 37).  Collected now, they go before the hosts see them.
+            gc.collect()
             try:
                 tf.config.experimental_connect_to_cluster(resolver, job_name=CLIENT_JOB,
                                                           make_master_device_default=False)
