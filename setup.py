@@ -28,10 +28,11 @@ from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # Same sources as the Bazel BUILD: every translation unit of ops/ (op
-# definitions), engine/ (the CPU engine) and kernels/ (op glue); core/ is
-# header-only.  Includes are repository-relative ("core/config.h").
-SOURCE_DIRS = ("ops", "engine", "kernels")
-HEADER_DIRS = ("core", "engine", "kernels")
+# definitions), engine/ (the CPU engine) and kernels/ (op glue; the SparseCore
+# family in kernels/sparsecore/); core/ is header-only.  Includes are
+# repository-relative ("core/config.h").
+SOURCE_DIRS = ("ops", "engine", "kernels", "kernels/sparsecore")
+HEADER_DIRS = ("core", "engine", "kernels", "kernels/sparsecore")
 SOURCES = sorted(os.path.relpath(p, HERE) for d in SOURCE_DIRS
                  for p in glob.glob(os.path.join(HERE, d, "*.cc")))
 HEADERS = sorted(os.path.relpath(p, HERE) for d in HEADER_DIRS

@@ -1,6 +1,6 @@
 // The SparseCore arithmetic of TF's TPUEmbeddingV2 op family, shared by the
 // shape functions (ops/sparsecore_ops.cc) and the CPU kernels
-// (kernels/sparsecore_*_kernels.cc): the XLA padding of the CSR buffers, the
+// (kernels/sparsecore/*_kernels.cc): the XLA padding of the CSR buffers, the
 // pad value, the combiners' gain rescaling and the minibatch split encoding.
 // docs/sparsecore_semantics.md says where each rule comes from in TF.
 // Header-only, TF-free (core/ includes nothing of ours).
@@ -30,6 +30,34 @@ inline constexpr int kMaxDivisionLevel = 6;
 inline constexpr int kMaxDivisions = 1 << kMaxDivisionLevel;
 
 inline int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// The checks every reader of the CSR buffers makes (the TF kernels'
+// kernels/sparsecore/chips.h and custom_combiner_kernels.cc, the JAX FFI
+// handlers; docs/sparsecore_semantics.md §5): each returns "" or the error.
+// Segment k is [begin, end): begin is row_pointers[k - 1] rounded up to the
+// XLA pad size (0 for k = 0), end is row_pointers[k], within the n ids.
+inline std::string CheckCsrSegment(int64_t k, int64_t begin, int64_t end, int64_t n) {
+  if (end >= begin && end <= n) return "";
+  return "row_pointers[" + std::to_string(k) + "] = " + std::to_string(end) + " must lie in [" +
+         std::to_string(begin) + ", " + std::to_string(n) +
+         "] (the segment's start, the ids' length)";
+}
+
+// Id i's sample (below `batch`, the samples per SparseCore) and token
+// (below `shard_rows`, the rows of a SparseCore's table shard).
+inline std::string CheckCsrId(int64_t i, int64_t sample, int64_t batch, int64_t token,
+                              int64_t shard_rows) {
+  if (sample < 0 || sample >= batch) {
+    return "sorted_sample_ids[" + std::to_string(i) + "] = " + std::to_string(sample) +
+           " is outside [0, " + std::to_string(batch) + ") (samples per sparse core)";
+  }
+  if (token < 0 || token >= shard_rows) {
+    return "sorted_token_ids[" + std::to_string(i) + "] = " + std::to_string(token) +
+           " is outside [0, " + std::to_string(shard_rows) +
+           ") (rows of a sparse core's table shard)";
+  }
+  return "";
+}
 
 struct CsrBufferSizes {
   int64_t row_pointers;  // max_minibatches_per_sc * num_sc * RoundUp(num_replica * num_sc, 8)

@@ -1,7 +1,5 @@
 #include "engine/table.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -9,30 +7,27 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "core/huge_pages.h"
 
 namespace tf_tpu_emb {
 
-FloatBuffer::~FloatBuffer() { std::free(data_); }
+FloatBuffer::~FloatBuffer() { huge_pages::Free(data_); }
 
 absl::Status FloatBuffer::Allocate(int64_t num_floats, float fill, bool bf16) {
-  constexpr int64_t kHugePage = int64_t{2} << 20;
   const int64_t element = bf16 ? 2 : 4;
-  int64_t bytes, padded;
+  int64_t bytes;
+  size_t rounded;
   if (num_floats < 0 || !CheckedMul(std::max<int64_t>(num_floats, 1), element, &bytes) ||
-      !CheckedAdd(bytes, kHugePage - 1, &padded)) {
+      !huge_pages::RoundUp(static_cast<size_t>(bytes), &rounded)) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "cannot allocate ", num_floats, " floats for an embedding table: the byte count "
         "overflows int64"));
   }
-  const size_t rounded = static_cast<size_t>(padded / kHugePage * kHugePage);
-  void* p = std::aligned_alloc(kHugePage, rounded);
+  void* p = huge_pages::Allocate(rounded);
   if (p == nullptr) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot allocate ", rounded, " bytes for an embedding table"));
   }
-#ifdef MADV_HUGEPAGE
-  madvise(p, rounded, MADV_HUGEPAGE);
-#endif
   data_ = p;
   bf16_ = bf16;
   if (bf16) std::fill(half(), half() + num_floats, RoundNearestEven(fill));

@@ -1,5 +1,6 @@
-// The SparseCore op families that repeat per optimizer, registered from one
-// declarative table (SparseCoreOptimizers below: each optimizer's slots and
+// The SparseCore op families that repeat per optimizer, registered from the
+// optimizer source (tf_tpu_emb/optimizer_specs.py's SPARSECORE_OPTIMIZERS,
+// generated into core/sparsecore_optimizers.gen.h: each optimizer's slots and
 // hyper-parameters), as ops/tpu_embedding_ops.cc registers the per-table
 // Load/Retrieve ops from the optimizer table:
 //   XlaSparseDenseMatmulGradWith<Opt>And{CsrInput,StaticBufferSize} (and
@@ -17,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/sparsecore_optimizers.gen.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -31,54 +33,9 @@ using ::tensorflow::shape_inference::ShapeHandle;
 
 constexpr char kPrefix[] = "TfTpuEmb>";
 
-// One SparseCore optimizer: the op infix, the slot tables of the gradient
-// ops (inputs after embedding_table, outputs "updated_<slot>"), the gradient
-// ops' hyper-parameter attrs (before the clip attrs), and XlaSparseCore<Opt>:
-// its inputs in TF's order (int32 "indices", every other one float32), the
-// tables it returns ("updated_<name>") and its attrs.
-struct SparseCoreOptimizerDef {
-  const char* name;
-  std::vector<const char*> slots;
-  std::vector<const char*> grad_attrs;
-  std::vector<const char*> standalone_inputs;
-  std::vector<const char*> standalone_outputs;
-  std::vector<const char*> standalone_attrs;
-};
-
-const std::vector<SparseCoreOptimizerDef>& SparseCoreOptimizers() {
-  static const auto* table = new std::vector<SparseCoreOptimizerDef>{
-      {"Sgd", {}, {},
-       {"indices", "gradient", "learning_rate", "embedding_table"},
-       {"embedding_table"},
-       {"feature_width: int"}},
-      {"Adagrad", {"accumulator"}, {},
-       {"indices", "gradient", "learning_rate", "accumulator", "embedding_table"},
-       {"embedding_table", "accumulator"},
-       {"feature_width: int"}},
-      {"AdagradMomentum", {"accumulator", "momenta"},
-       {"use_nesterov: bool", "exponent: float", "beta1: float", "beta2: float",
-        "epsilon: float"},
-       {"indices", "gradient", "learning_rate", "beta_1", "epsilon", "accumulator", "momentum",
-        "embedding_table"},
-       {"embedding_table", "accumulator", "momentum"},
-       {"feature_width: int", "use_nesterov: bool", "beta_2: float", "exponent: float"}},
-      {"Adam", {"momenta", "velocity"},
-       {"use_sum_inside_sqrt: bool", "beta1: float", "beta2: float", "epsilon: float"},
-       {"embedding_table", "indices", "gradient", "learning_rate", "momentum", "velocity",
-        "beta_1", "beta_2", "epsilon"},
-       {"embedding_table", "velocity", "momentum"},
-       {"feature_width: int", "use_sum_inside_sqrt: bool"}},
-      {"Ftrl", {"accumulator", "linear"},
-       {"multiply_linear_by_learning_rate: bool", "beta: float", "learning_rate_power: float",
-        "l1_regularization_strength: float", "l2_regularization_strength: float"},
-       {"embedding_table", "accumulator", "linear", "learning_rate", "indices", "gradient",
-        "beta", "learning_rate_power", "l2_regularization_strength"},
-       {"embedding_table", "accumulator", "linear"},
-       {"feature_width: int", "multiply_linear_by_learning_rate: bool",
-        "l1_regularization_strength: float"}},
-  };
-  return *table;
-}
+// One SparseCore optimizer's op-definition parts, generated from
+// tf_tpu_emb/optimizer_specs.py (core/sparsecore_optimizers.gen.h).
+using SparseCoreOptimizerDef = sc_opt::OpDef;
 
 // ------------------------------------------------------------ shape functions
 
@@ -284,7 +241,7 @@ void RegisterUserOptimizerOps() {
 }
 
 bool RegisterOptimizerOps() {
-  for (const SparseCoreOptimizerDef& o : SparseCoreOptimizers()) {
+  for (const SparseCoreOptimizerDef& o : sc_opt::OpDefs()) {
     for (bool static_buffer : {false, true}) {
       for (bool in_place : {false, true}) RegisterGradOp(o, static_buffer, in_place);
     }

@@ -12,7 +12,7 @@ import collections
 import re
 
 from tf_tpu_emb import _loader
-from tf_tpu_emb.optimizer_specs import BY_PROTO_FIELD, OPTIMIZERS
+from tf_tpu_emb.optimizer_specs import BY_PROTO_FIELD, OPTIMIZERS, SPARSECORE_OPTIMIZERS
 
 PREFIX = _loader.PREFIX
 
@@ -66,34 +66,18 @@ EXTRA_OP_NAMES = ("ShutdownTPUEmbedding", "ConfigureTPUEmbeddingHostShard", "Emb
 #: is a function of its inputs).  Not in OP_NAMES: they have no wrappers here yet
 #: (``tf.raw_ops`` or the prefixed name by ``op_def_library``).  Which of them
 #: have CPU kernels: ``SPARSECORE_KERNEL_OP_NAMES``.
-SPARSECORE_OP_NAMES = (
+SPARSECORE_OP_NAMES = tuple(sorted((
     "ConvertToCooTensor", "ConvertToListOfSparseCoreCooTensors",
     "ConvertToSparseCoreCsrWrappedCooTensor", "GetMinibatchSplitsWithPhysicalReplica",
     "GetMinibatchesInCsrWithPhysicalReplica", "GetStatsFromListOfSparseCoreCooTensors",
     "GlobalIterId", "SortListOfSparseCoreCooTensors", "StoreMinibatchStatisticsInFdo",
     "TPUAnnotateTensorsWithDynamicShape", "TPUCopyWithDynamicShape",
-    "XlaSparseCoreAdagrad", "XlaSparseCoreAdagradMomentum", "XlaSparseCoreAdam",
-    "XlaSparseCoreFtrl", "XlaSparseCoreSgd", "XlaSparseDenseMatmul",
-    "XlaSparseDenseMatmulCustomCombinerOnTcGradWithAdagradAndCsrInput",
-    "XlaSparseDenseMatmulCustomCombinerOnTcGradWithAdagradMomentumAndCsrInput",
-    "XlaSparseDenseMatmulCustomCombinerOnTcGradWithAdamAndCsrInput",
+    "XlaSparseDenseMatmul",
     "XlaSparseDenseMatmulCustomCombinerOnTcGradWithCsrInput",
-    "XlaSparseDenseMatmulCustomCombinerOnTcGradWithFtrlAndCsrInput",
-    "XlaSparseDenseMatmulCustomCombinerOnTcGradWithSgdAndCsrInput",
     "XlaSparseDenseMatmulCustomCombinerOnTcWithCsrInput",
-    "XlaSparseDenseMatmulGradWithAdagradAndCsrInput",
-    "XlaSparseDenseMatmulGradWithAdagradAndStaticBufferSize",
-    "XlaSparseDenseMatmulGradWithAdagradMomentumAndCsrInput",
-    "XlaSparseDenseMatmulGradWithAdagradMomentumAndStaticBufferSize",
-    "XlaSparseDenseMatmulGradWithAdamAndCsrInput",
-    "XlaSparseDenseMatmulGradWithAdamAndStaticBufferSize",
     "XlaSparseDenseMatmulGradWithCsrInput",
-    "XlaSparseDenseMatmulGradWithFtrlAndCsrInput",
-    "XlaSparseDenseMatmulGradWithFtrlAndStaticBufferSize",
-    "XlaSparseDenseMatmulGradWithSgdAndCsrInput",
-    "XlaSparseDenseMatmulGradWithSgdAndStaticBufferSize",
     "XlaSparseDenseMatmulWithCsrInput", "XlaSparseDenseMatmulWithStaticBufferSize",
-)
+) + tuple(n for o in SPARSECORE_OPTIMIZERS for n in o.op_names)))
 
 #: Ours, not TF's: the in-place forms of the SparseCore gradient ops
 #: (``TfTpuEmb>XlaSparseDenseMatmulGradWith<Opt>And<Form>InPlace``: the table
@@ -101,28 +85,11 @@ SPARSECORE_OP_NAMES = (
 #: stand-in SparseCore TPU uses them for TF's read -> gradient op -> assign
 #: (tf_tpu_emb/tpu/embedding_v2.py, docs/sparsecore_semantics.md §10).
 SPARSECORE_IN_PLACE_OP_NAMES = tuple(
-    "XlaSparseDenseMatmulGradWith%sAnd%sInPlace" % (o, f)
-    for o in ("Sgd", "Adagrad", "AdagradMomentum", "Adam", "Ftrl")
-    for f in ("CsrInput", "StaticBufferSize"))
+    n for o in SPARSECORE_OPTIMIZERS for n in o.in_place_op_names)
 
-#: The SparseCore ops with CPU kernels (under both names; docs/sparsecore_semantics.md).
-SPARSECORE_KERNEL_OP_NAMES = (
-    "ConvertToCooTensor", "ConvertToListOfSparseCoreCooTensors",
-    "SortListOfSparseCoreCooTensors", "GetStatsFromListOfSparseCoreCooTensors",
-    "ConvertToSparseCoreCsrWrappedCooTensor", "GlobalIterId",
-    "TPUCopyWithDynamicShape", "TPUAnnotateTensorsWithDynamicShape",
-    "GetMinibatchSplitsWithPhysicalReplica", "GetMinibatchesInCsrWithPhysicalReplica",
-    "StoreMinibatchStatisticsInFdo",
-    "XlaSparseDenseMatmulWithCsrInput", "XlaSparseDenseMatmulWithStaticBufferSize",
-    "XlaSparseDenseMatmulGradWithCsrInput", "XlaSparseDenseMatmul",
-    "XlaSparseDenseMatmulCustomCombinerOnTcWithCsrInput",
-    "XlaSparseDenseMatmulCustomCombinerOnTcGradWithCsrInput",
-) + tuple("XlaSparseDenseMatmulCustomCombinerOnTcGradWith%sAndCsrInput" % o
-          for o in ("Sgd", "Adagrad", "AdagradMomentum", "Adam", "Ftrl")) + tuple(
-    "XlaSparseDenseMatmulGradWith%sAnd%s" % (o, f)
-          for o in ("Sgd", "Adagrad", "AdagradMomentum", "Adam", "Ftrl")
-          for f in ("CsrInput", "StaticBufferSize")) + tuple(
-    "XlaSparseCore" + o for o in ("Sgd", "Adagrad", "AdagradMomentum", "Adam", "Ftrl"))
+#: The SparseCore ops with CPU kernels (under both names; docs/sparsecore_semantics.md):
+#: every one of the family.
+SPARSECORE_KERNEL_OP_NAMES = SPARSECORE_OP_NAMES
 
 #: Bare name -> registered (prefixed) name, for every op of the library.
 OP_NAMES = {n: PREFIX + n for n in CORE_OP_NAMES + EXTRA_OP_NAMES}

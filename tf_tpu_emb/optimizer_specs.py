@@ -13,7 +13,7 @@ field drives both languages:
   regenerates the header and fails when it differs from the checked-in one.
 
 Only the update formulas are written by hand: one C++ function per optimizer
-in ``core/optimizers.h`` (taking the generated struct) and one numpy
+in ``core/optimizer_formulas.h`` (taking the generated struct) and one numpy
 reference in ``tests/common/optimizer_reference.py``.  Adding an optimizer is one
 entry here, one formula there and one reference; see ARCHITECTURE.md.
 
@@ -461,3 +461,159 @@ REFUSED = (
 
 BY_PROTO_FIELD = {o.proto_field: o for o in OPTIMIZERS}
 BY_TF_CLASS = {o.tf_class: o for o in OPTIMIZERS if o.tf_class}
+
+
+# ------------------------------------------------------------------ SparseCore
+
+@dataclasses.dataclass(frozen=True)
+class ScHyper:
+    """One hyper-parameter of a SparseCore optimizer op: an attr of the
+    gradient ops or of ``XlaSparseCore<Name>``, or a scalar input of the
+    latter.
+
+    name: TF's attr or input name ("beta1", "beta_1", ...).
+    member: the member of the formula's hyper-parameter struct it sets
+      (``core/optimizer_hypers.gen.h``: the V1 optimizer's struct).
+    kind: FLOAT or BOOL.
+    nonzero: the op refuses 0 ("<name> must not be 0").
+    """
+    name: str
+    member: str
+    kind: str = FLOAT
+    nonzero: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class SparseCoreOptimizerInfo:
+    """One SparseCore (TPUEmbeddingV2) optimizer: the op families
+    ``XlaSparseDenseMatmulGradWith<name>And{CsrInput,StaticBufferSize}``,
+    ``XlaSparseDenseMatmulCustomCombinerOnTcGradWith<name>AndCsrInput`` and
+    ``XlaSparseCore<name>`` (docs/sparsecore_semantics.md §6-§8).
+
+    ``tools/gen_optimizers.py`` turns these entries into
+    ``core/sparsecore_optimizers.gen.h`` (TensorFlow-free): the ``Opt``
+    enum, the slot counts, the op definitions' inputs, outputs and attrs, the
+    standalone op's input positions, the attribute and scalar readers and the
+    dispatch to the formula, which the op registration, the kernels and
+    :mod:`tf_tpu_emb.ops` read.
+
+    name: the op infix ("Adagrad").
+    formula: the row update of ``core/optimizer_formulas.h`` it runs
+      (``opt::<formula>(const RowArgs&, const <Hyper>&)``).
+    hyper: the V1 ``proto_field`` whose hyper-parameter struct the formula
+      takes (``opt::<Camel(hyper)>Hyper``).
+    slots: the gradient ops' slot inputs after ``embedding_table``, in TF's
+      order (outputs ``updated_<slot>``); the formula's ``RowArgs.s`` order.
+    grad_attrs: the gradient ops' hyper-parameter attrs (before the clip
+      attrs), in TF's order.
+    standalone_inputs: ``XlaSparseCore<name>``'s inputs in TF's order: the
+      roles "indices" (int32), "gradient", "learning_rate",
+      "embedding_table", the slot names of ``standalone_slots`` and the
+      names of ``standalone_scalars`` (float32).
+    standalone_slots: its slot inputs' names, in ``slots`` order.
+    standalone_outputs: the tables it returns (``updated_<name>``), in order.
+    standalone_attrs: its attrs after ``feature_width``.
+    standalone_scalars: its scalar hyper-parameter inputs.
+    """
+    name: str
+    formula: str
+    hyper: str
+    slots: Tuple[str, ...] = ()
+    grad_attrs: Tuple[ScHyper, ...] = ()
+    standalone_inputs: Tuple[str, ...] = ()
+    standalone_slots: Tuple[str, ...] = ()
+    standalone_outputs: Tuple[str, ...] = ()
+    standalone_attrs: Tuple[ScHyper, ...] = ()
+    standalone_scalars: Tuple[ScHyper, ...] = ()
+
+    @property
+    def enum(self):
+        """The C++ enumerator (``sparsecore::Opt::k<name>``)."""
+        return "k" + self.name
+
+    @property
+    def grad_op_names(self):
+        """TF's names of its two gradient ops."""
+        return tuple("XlaSparseDenseMatmulGradWith%sAnd%s" % (self.name, form)
+                     for form in ("CsrInput", "StaticBufferSize"))
+
+    @property
+    def in_place_op_names(self):
+        """Ours: the gradient ops' in-place forms (tables as resources)."""
+        return tuple(n + "InPlace" for n in self.grad_op_names)
+
+    @property
+    def combiner_grad_op_name(self):
+        return "XlaSparseDenseMatmulCustomCombinerOnTcGradWith%sAndCsrInput" % self.name
+
+    @property
+    def standalone_op_name(self):
+        return "XlaSparseCore" + self.name
+
+    @property
+    def op_names(self):
+        """TF's names of every op of this optimizer."""
+        return self.grad_op_names + (self.combiner_grad_op_name, self.standalone_op_name)
+
+
+_SC_TABLE_ROLES = ("indices", "gradient", "learning_rate", "embedding_table")
+
+SPARSECORE_OPTIMIZERS = (
+    SparseCoreOptimizerInfo(
+        "Sgd", "StochasticGradientDescent", "stochastic_gradient_descent",
+        standalone_inputs=_SC_TABLE_ROLES,
+        standalone_outputs=("embedding_table",)),
+    SparseCoreOptimizerInfo(
+        "Adagrad", "Adagrad", "adagrad", slots=("accumulator",),
+        standalone_inputs=("indices", "gradient", "learning_rate", "accumulator",
+                           "embedding_table"),
+        standalone_slots=("accumulator",),
+        standalone_outputs=("embedding_table", "accumulator")),
+    SparseCoreOptimizerInfo(
+        "AdagradMomentum", "AdagradMomentum", "adagrad_momentum",
+        slots=("accumulator", "momenta"),
+        grad_attrs=(ScHyper("use_nesterov", "use_nesterov", BOOL),
+                    ScHyper("exponent", "exponent", nonzero=True),
+                    ScHyper("beta1", "momentum"), ScHyper("beta2", "beta2"),
+                    ScHyper("epsilon", "epsilon")),
+        standalone_inputs=("indices", "gradient", "learning_rate", "beta_1", "epsilon",
+                           "accumulator", "momentum", "embedding_table"),
+        standalone_slots=("accumulator", "momentum"),
+        standalone_outputs=("embedding_table", "accumulator", "momentum"),
+        standalone_attrs=(ScHyper("use_nesterov", "use_nesterov", BOOL),
+                          ScHyper("beta_2", "beta2"),
+                          ScHyper("exponent", "exponent", nonzero=True)),
+        standalone_scalars=(ScHyper("beta_1", "momentum"), ScHyper("epsilon", "epsilon"))),
+    SparseCoreOptimizerInfo(
+        "Adam", "Adam", "adam", slots=("momenta", "velocity"),
+        grad_attrs=(ScHyper("use_sum_inside_sqrt", "use_sum_inside_sqrt", BOOL),
+                    ScHyper("beta1", "beta1"), ScHyper("beta2", "beta2"),
+                    ScHyper("epsilon", "epsilon")),
+        standalone_inputs=("embedding_table", "indices", "gradient", "learning_rate",
+                           "momentum", "velocity", "beta_1", "beta_2", "epsilon"),
+        standalone_slots=("momentum", "velocity"),
+        standalone_outputs=("embedding_table", "velocity", "momentum"),
+        standalone_attrs=(ScHyper("use_sum_inside_sqrt", "use_sum_inside_sqrt", BOOL),),
+        standalone_scalars=(ScHyper("beta_1", "beta1"), ScHyper("beta_2", "beta2"),
+                            ScHyper("epsilon", "epsilon"))),
+    SparseCoreOptimizerInfo(
+        # TF's SparseCore builder associates FTRL differently from the V1
+        # engine's (docs/sparsecore_semantics.md §6): a formula of its own.
+        "Ftrl", "SparseCoreFtrl", "ftrl", slots=("accumulator", "linear"),
+        grad_attrs=(ScHyper("multiply_linear_by_learning_rate", "multiply_linear_by_lr", BOOL),
+                    ScHyper("beta", "beta"), ScHyper("learning_rate_power", "lr_power"),
+                    ScHyper("l1_regularization_strength", "l1"),
+                    ScHyper("l2_regularization_strength", "l2")),
+        standalone_inputs=("embedding_table", "accumulator", "linear", "learning_rate",
+                           "indices", "gradient", "beta", "learning_rate_power",
+                           "l2_regularization_strength"),
+        standalone_slots=("accumulator", "linear"),
+        standalone_outputs=("embedding_table", "accumulator", "linear"),
+        standalone_attrs=(ScHyper("multiply_linear_by_learning_rate", "multiply_linear_by_lr",
+                                  BOOL),
+                          ScHyper("l1_regularization_strength", "l1")),
+        standalone_scalars=(ScHyper("beta", "beta"),
+                            ScHyper("learning_rate_power", "lr_power"),
+                            ScHyper("l2_regularization_strength", "l2"))),
+)
+"""The SparseCore optimizers, in the order of the C++ ``sparsecore::Opt`` enum."""

@@ -1,21 +1,27 @@
 """Generates the C++ optimizer table from the single optimizer source.
 
-    python tools/gen_optimizers.py           # rewrites the two headers
+    python tools/gen_optimizers.py           # rewrites the generated headers
     python tools/gen_optimizers.py --check   # exit 1 when they are stale
 
 Reads ``tf_tpu_emb/optimizer_specs.py`` (loaded by path: neither TensorFlow
 nor the op library is imported) and writes
 
-* ``core/optimizer_params.gen.h``: per optimizer a struct of its named,
-  typed hyper-parameters, the ``HyperParams`` union of them, and the
-  functions that read them, its dynamic inputs, its slots' initial values
-  and its laziness from an ``OptimizationParameters`` proto;
+* ``core/optimizer_hypers.gen.h``: per optimizer a struct of its named,
+  typed hyper-parameters and the ``HyperParams`` union of them (free of
+  TensorFlow: the JAX FFI handlers include it too);
+* ``core/optimizer_params.gen.h``: the functions that read them, its dynamic
+  inputs, its slots' initial values and its laziness from an
+  ``OptimizationParameters`` proto;
 * ``core/optimizer_table.gen.h``: ``AllOptimizers()``, one
   ``OptimizerSpec`` per optimizer, each bound to its hand-written formula
   ``opt::<Name>(const RowArgs&, const <Name>Hyper&)`` of
-  ``core/optimizers.h``.
+  ``core/optimizer_formulas.h``;
+* ``core/sparsecore_optimizers.gen.h`` from ``SPARSECORE_OPTIMIZERS`` (free of
+  TensorFlow): the SparseCore ``Opt`` enum, slot counts, op definitions,
+  the standalone op's input positions, attribute / scalar visitors and the
+  dispatch to the formulas.
 
-Both files are checked in; ``tests/ops/test_gen_optimizers.py`` regenerates them
+All files are checked in; ``tests/ops/test_gen_optimizers.py`` regenerates them
 and fails on any difference.
 """
 import argparse
@@ -25,7 +31,9 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPEC_PATH = os.path.join(ROOT, "tf_tpu_emb", "optimizer_specs.py")
+HYPERS_H = os.path.join("core", "optimizer_hypers.gen.h")
 PARAMS_H = os.path.join("core", "optimizer_params.gen.h")
+SPARSECORE_H = os.path.join("core", "sparsecore_optimizers.gen.h")
 TABLE_H = os.path.join("core", "optimizer_table.gen.h")
 
 _CPP_TYPES = {"float": "float", "bool": "bool", "dynamic": "float"}
@@ -78,15 +86,11 @@ def _tf_guard(info):
     return "#if TF_TPU_EMB_TF_AT_LEAST(%d, %d)" % info.min_tf
 
 
-def params_header(specs):
+def hypers_header(specs):
     infos = specs.OPTIMIZERS + specs.REFUSED
-    out = _header("TF_TPU_EMB_CORE_OPTIMIZER_PARAMS_GEN_H_",
-                  "Included by core/optimizers.h.")
-    out += ["#include <vector>", "",
-            '#include "core/tf_version.h"',
-            '#include "tensorflow/core/protobuf/tpu/optimization_parameters.pb.h"', "",
-            "namespace tf_tpu_emb {", "",
-            "using OptimizationParameters = ::tensorflow::tpu::OptimizationParameters;", "",
+    out = _header("TF_TPU_EMB_CORE_OPTIMIZER_HYPERS_GEN_H_",
+                  "Free of TensorFlow; included by core/optimizer_formulas.h.")
+    out += ["namespace tf_tpu_emb {", "",
             "constexpr int kMaxSlots = %d;" % max(len(i.slots) for i in infos),
             "constexpr int kMaxDynamicInputs = %d;" % max(
                 1, max(len(i.dynamic_inputs) for i in infos)),
@@ -113,7 +117,22 @@ def params_header(specs):
             "union HyperParams {"]
     for info in infos:
         out.append("  opt::%sHyper %s;" % (camel(info.proto_field), info.proto_field))
-    out += ["};", "", "namespace opt {", ""]
+    out += ["};", "", "}  // namespace tf_tpu_emb", "",
+            "#endif  // TF_TPU_EMB_CORE_OPTIMIZER_HYPERS_GEN_H_", ""]
+    return "\n".join(out)
+
+
+def params_header(specs):
+    infos = specs.OPTIMIZERS + specs.REFUSED
+    out = _header("TF_TPU_EMB_CORE_OPTIMIZER_PARAMS_GEN_H_",
+                  "Included by core/optimizers.h.")
+    out += ["#include <vector>", "",
+            '#include "core/optimizer_hypers.gen.h"',
+            '#include "core/tf_version.h"',
+            '#include "tensorflow/core/protobuf/tpu/optimization_parameters.pb.h"', "",
+            "namespace tf_tpu_emb {", "",
+            "using OptimizationParameters = ::tensorflow::tpu::OptimizationParameters;", "",
+            "namespace opt {", ""]
     for info in infos:
         name = camel(info.proto_field)
         pf = info.proto_field
@@ -229,10 +248,169 @@ def table_header(specs):
     return "\n".join(out)
 
 
+def _sc_hyper_members(specs):
+    """proto_field -> True for the V1 hyper structs the SparseCore formulas
+    take that have members (empty ones are passed as ``{}``)."""
+    by_field = {i.proto_field: i for i in specs.OPTIMIZERS}
+    out = {}
+    for sc in specs.SPARSECORE_OPTIMIZERS:
+        info = by_field[sc.hyper]
+        out[sc.hyper] = bool(info.engine_hypers or info.dynamic_inputs)
+    return out
+
+
+def _sc_visitor(sc_infos, fn, what, field, with_input):
+    """A `Visit<fn>` function: calls visit(...) on each hyper-parameter of
+    `field` (attrs or scalar inputs) of the live optimizer."""
+    sig = "int input, const char* name, float* value" if with_input else (
+        "const char* name, bool* or float* value")
+    out = ["// Calls visit(%s)" % sig,
+           "// for each %s of `o`, in TF's order, stopping at the first" % what,
+           "// false; returns false then.",
+           "template <typename Visit>",
+           "bool %s(Opt o, Hyper* h, Visit&& visit) {" % fn,
+           "  switch (o) {"]
+    for sc in sc_infos:
+        hypers = getattr(sc, field)
+        if not hypers:
+            continue
+        calls = []
+        for hp in hypers:
+            target = "&h->%s.%s" % (sc.hyper, hp.member)
+            if with_input:
+                calls.append('visit(%d, "%s", %s)' % (sc.standalone_inputs.index(hp.name),
+                                                      hp.name, target))
+            else:
+                calls.append('visit("%s", %s)' % (hp.name, target))
+        out.append("    case Opt::%s:" % sc.enum)
+        out.append("      return " + " &&\n             ".join(calls) + ";")
+    out += ["    default:", "      return true;", "  }", "}", ""]
+    return out
+
+
+def _sc_attr(hp):
+    return "%s: %s" % (hp.name, hp.kind)
+
+
+def sparsecore_header(specs):
+    sc_infos = specs.SPARSECORE_OPTIMIZERS
+    members = _sc_hyper_members(specs)
+    max_slots = max(len(s.slots) for s in sc_infos)
+    out = _header("TF_TPU_EMB_CORE_SPARSECORE_OPTIMIZERS_GEN_H_",
+                  "The SparseCore optimizers:\n// free of TensorFlow (the op "
+                  "registration, the TF kernels and the JAX FFI handlers read it).")
+    out += ["#include <type_traits>", "#include <vector>", "",
+            '#include "core/cpu_dispatch.h"', '#include "core/optimizer_formulas.h"', "",
+            "namespace tf_tpu_emb {", "namespace sc_opt {", "",
+            "enum class Opt { %s };" % ", ".join(s.enum for s in sc_infos), "",
+            "constexpr int kNumOptimizers = %d;" % len(sc_infos),
+            "// Slots of a SparseCore optimizer at most (RowArgs.s[0..kMaxSlots)).",
+            "constexpr int kMaxSlots = %d;" % max_slots,
+            "static_assert(kMaxSlots <= ::tf_tpu_emb::kMaxSlots, \"RowArgs holds the slots\");",
+            "",
+            "// Every SparseCore optimizer's hyper-parameters: the formula of an Opt",
+            "// reads the member of its V1 optimizer's struct (core/optimizer_hypers.gen.h).",
+            "struct Hyper {"]
+    seen = []
+    for sc in sc_infos:
+        if members[sc.hyper] and sc.hyper not in seen:
+            seen.append(sc.hyper)
+            out.append("  opt::%sHyper %s{};" % (camel(sc.hyper), sc.hyper))
+    out += ["};", "",
+            "// The op infix (XlaSparseCore<Name>, XlaSparseDenseMatmulGradWith<Name>And...).",
+            "inline constexpr const char* kNames[kNumOptimizers] = {%s};"
+            % ", ".join('"%s"' % s.name for s in sc_infos),
+            "inline constexpr int kNumSlots[kNumOptimizers] = {%s};"
+            % ", ".join(str(len(s.slots)) for s in sc_infos),
+            "constexpr const char* NameOf(Opt o) { return kNames[static_cast<int>(o)]; }",
+            "constexpr int NumSlotsOf(Opt o) { return kNumSlots[static_cast<int>(o)]; }", "",
+            "// Calls f(std::integral_constant<Opt, o>) for every optimizer, in order.",
+            "template <typename F>",
+            "void ForEachOptimizer(F&& f) {"]
+    for sc in sc_infos:
+        out.append("  f(std::integral_constant<Opt, Opt::%s>{});" % sc.enum)
+    out += ["}", "",
+            "// XlaSparseCore<Name>: the input positions of its tensors (TF's orders",
+            "// differ per op), and the output of each slot (the table is output 0).",
+            "struct StandaloneLayout {",
+            "  int indices, gradient, learning_rate, table;",
+            "  int slots[kMaxSlots];         // inputs, in the optimizer's slot order",
+            "  int slot_outputs[kMaxSlots];  // the output of each slot",
+            "};", "",
+            "inline constexpr StandaloneLayout kStandaloneLayouts[kNumOptimizers] = {"]
+    for sc in sc_infos:
+        pos = sc.standalone_inputs.index
+        slots = [pos(s) for s in sc.standalone_slots] + [-1] * (max_slots - len(sc.slots))
+        outs = [sc.standalone_outputs.index(s) for s in sc.standalone_slots]
+        outs += [-1] * (max_slots - len(sc.slots))
+        out.append("    {%d, %d, %d, %d, {%s}, {%s}},  // %s" % (
+            pos("indices"), pos("gradient"), pos("learning_rate"), pos("embedding_table"),
+            ", ".join(map(str, slots)), ", ".join(map(str, outs)), sc.name))
+    out += ["};",
+            "constexpr StandaloneLayout StandaloneLayoutOf(Opt o) {",
+            "  return kStandaloneLayouts[static_cast<int>(o)];", "}", ""]
+    out += _sc_visitor(sc_infos, "VisitGradAttrs", "gradient op attr", "grad_attrs", False)
+    out += _sc_visitor(sc_infos, "VisitStandaloneAttrs", "XlaSparseCore<Name> attr",
+                       "standalone_attrs", False)
+    out += _sc_visitor(sc_infos, "VisitStandaloneScalars", "XlaSparseCore<Name> scalar input",
+                       "standalone_scalars", True)
+    out += ["// The first hyper-parameter of `o` that must not be 0 and is, or nullptr",
+            "// (\"<name> must not be 0\").",
+            "inline const char* ZeroHyper(Opt o, const Hyper& h) {", "  switch (o) {"]
+    for sc in sc_infos:
+        nonzero = []
+        for hp in sc.grad_attrs + sc.standalone_attrs + sc.standalone_scalars:
+            if hp.nonzero and hp.member not in [m for m, _ in nonzero]:
+                nonzero.append((hp.member, hp.name))
+        if nonzero:
+            out.append("    case Opt::%s:" % sc.enum)
+            for member, name in nonzero:
+                out.append('      if (h.%s.%s == 0) return "%s";' % (sc.hyper, member, name))
+            out.append("      return nullptr;")
+    out += ["    default:", "      return nullptr;", "  }", "}", "",
+            "// One row update: the optimizer's formula (core/optimizer_formulas.h).",
+            "// Inlined into a CPU-dispatched caller's clones (core/cpu_dispatch.h).",
+            "TF_TPU_EMB_INLINE_INTO_CLONES void Update(Opt o, const RowArgs& a, const Hyper& h) {",
+            "  switch (o) {"]
+    for sc in sc_infos:
+        arg = "h.%s" % sc.hyper if members[sc.hyper] else "{}"
+        out.append("    case Opt::%s: opt::%s(a, %s); return;" % (sc.enum, sc.formula, arg))
+    out += ["  }", "}", "",
+            "// The op definitions' per-optimizer parts (ops/sparsecore_optimizer_ops.cc):",
+            "// the gradient ops' slots (inputs after embedding_table, outputs",
+            "// \"updated_<slot>\") and hyper-parameter attrs (before the clip attrs);",
+            "// XlaSparseCore<Name>'s inputs in TF's order (int32 \"indices\", every",
+            "// other one float32), the tables it returns (\"updated_<name>\") and its attrs.",
+            "struct OpDef {",
+            "  Opt opt;",
+            "  const char* name;",
+            "  std::vector<const char*> slots;",
+            "  std::vector<const char*> grad_attrs;",
+            "  std::vector<const char*> standalone_inputs;",
+            "  std::vector<const char*> standalone_outputs;",
+            "  std::vector<const char*> standalone_attrs;",
+            "};", "",
+            "inline const std::vector<OpDef>& OpDefs() {",
+            "  static const auto* const kAll = new std::vector<OpDef>{"]
+    q = lambda xs: "{%s}" % ", ".join('"%s"' % x for x in xs)
+    for sc in sc_infos:
+        out += ['      {Opt::%s, "%s", %s,' % (sc.enum, sc.name, q(sc.slots)),
+                "       %s," % q(_sc_attr(h) for h in sc.grad_attrs),
+                "       %s," % q(sc.standalone_inputs),
+                "       %s," % q(sc.standalone_outputs),
+                "       %s}," % q(["feature_width: int"] +
+                                  [_sc_attr(h) for h in sc.standalone_attrs])]
+    out += ["  };", "  return *kAll;", "}", "",
+            "}  // namespace sc_opt", "}  // namespace tf_tpu_emb", "",
+            "#endif  // TF_TPU_EMB_CORE_SPARSECORE_OPTIMIZERS_GEN_H_", ""]
+    return "\n".join(out)
+
+
 def generate(specs=None):
     """{relative path: text} of the generated files."""
     specs = specs or load_specs()
-    return {PARAMS_H: params_header(specs), TABLE_H: table_header(specs)}
+    return {HYPERS_H: hypers_header(specs), PARAMS_H: params_header(specs),
+            TABLE_H: table_header(specs), SPARSECORE_H: sparsecore_header(specs)}
 
 
 def main(argv=None):

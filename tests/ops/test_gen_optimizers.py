@@ -23,7 +23,7 @@ _FD = Params.DESCRIPTOR.fields_by_name["adagrad"]
 _KIND_OF_TYPE = {_FD.TYPE_FLOAT: S.FLOAT, _FD.TYPE_BOOL: S.BOOL, _FD.TYPE_MESSAGE: S.DYNAMIC}
 
 
-@pytest.mark.parametrize("rel", [gen_optimizers.PARAMS_H, gen_optimizers.TABLE_H])
+@pytest.mark.parametrize("rel", sorted(gen_optimizers.generate()))
 def test_generated_header_is_current(rel):
     """Regenerates the header from the spec and diffs it with the checked-in one."""
     want = gen_optimizers.generate()[rel]

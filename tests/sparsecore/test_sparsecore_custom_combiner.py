@@ -1,5 +1,5 @@
-"""The custom-combiner kernels (kernels/sparsecore_custom_combiner_kernels.cc)
-and the COO lookup (kernels/sparsecore_coo_matmul_kernel.cc) against numpy
+"""The custom-combiner kernels (kernels/sparsecore/custom_combiner_kernels.cc)
+and the COO lookup (kernels/sparsecore/coo_matmul_kernel.cc) against numpy
 models of docs/sparsecore_semantics.md §5 and §8 (sparsecore_reference.py),
 under our name and TF's.  The combiner is a weighted sum with learned
 position weights; its VJPs are the user's functions (written with a

@@ -1,6 +1,6 @@
 """The in-place gradient ops (ours, "...InPlace": docs/sparsecore_semantics.md
 §10) on a variable large enough to move into huge pages the first time it is
-updated (kernels/huge_page_allocator.h): the update is exact against a numpy
+updated (kernels/sparsecore/huge_page_allocator.h): the update is exact against a numpy
 formula, a tensor read before the update keeps the old values (TF's
 copy-on-write rule), and later updates write the moved buffer."""
 import numpy as np

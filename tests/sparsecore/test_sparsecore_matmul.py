@@ -1,5 +1,5 @@
 """The SparseCore lookup, gradient+optimizer and standalone optimizer kernels
-(kernels/sparsecore_matmul_kernels.cc) against numpy models of
+(kernels/sparsecore/matmul_kernels.cc) against numpy models of
 docs/sparsecore_semantics.md §5-§7 (sparsecore_reference.py), under our name
 and TF's; the whole CPU pipeline (COO -> sort -> CSR -> lookup / gradient)
 against a plain embedding bag; bad input."""

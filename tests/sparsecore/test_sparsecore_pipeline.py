@@ -1,6 +1,6 @@
 """The lookup and gradient kernels under TF's pipelining mark, one chip, no
 stand-in system (docs/sparsecore_semantics.md "Pipelining",
-kernels/sparsecore_pipeline.h): a lookup marked "forward" does not see the
+kernels/sparsecore/pipeline.h): a lookup marked "forward" does not see the
 last update marked "backward", the lookup after it does; an unmarked or
 "..._sequential" op runs in program order; a row assigned since the update
 is read as it is; a bad mark is no crash.  TF's own TPUEmbeddingV2 with the

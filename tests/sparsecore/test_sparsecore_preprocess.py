@@ -1,5 +1,5 @@
-"""The SparseCore preprocessing kernels (kernels/sparsecore_coo_kernels.cc,
-kernels/sparsecore_csr_kernels.cc)
+"""The SparseCore preprocessing kernels (kernels/sparsecore/coo_kernels.cc,
+kernels/sparsecore/csr_kernels.cc)
 against numpy models of docs/sparsecore_semantics.md §1-§4 (sparsecore_reference.py),
 under our name and TF's, and their bad-input errors."""
 import numpy as np
@@ -104,7 +104,7 @@ def test_convert_to_list_of_sparse_core_coo(prefix, combiner, num_sc, shards, sh
 @pytest.mark.parametrize("form", ["dense", "sparse", "ragged"])
 def test_large_batches_convert_in_parts_on_the_threads(form):
     """Batches of 16k+ tokens: the conversion runs in parts on the intra-op
-    threads (kernels/sparsecore_coo_kernels.cc); the result is one pass's."""
+    threads (kernels/sparsecore/coo_kernels.cc); the result is one pass's."""
     rng = np.random.default_rng(engine_util.stable_seed("large", form))
     sample_count, num_sc = 8192, 4
     split, ids = _feature(rng, form, sample_count, vocab=3000, max_len=5)
@@ -165,7 +165,7 @@ def test_sort_and_stats(prefix, num_replica, num_sc):
 def test_sort_of_wide_cols_and_many_tokens(vocab):
     """Thousands of tokens, two groups (sorted on the threads), cols of 12,
     20 and 30 bits: one, two and three radix passes, 32- and 64-bit keys
-    (sc_util::SortAndMerge)."""
+    (sc_kernels::SortAndMerge)."""
     rng = np.random.default_rng(vocab % 1000003)
     num_replica, num_sc, batch = 2, 4, 4096
     feats = []

@@ -26,7 +26,7 @@ is installed (``tf_tpu_emb.tpu.uninstall`` restores TF's public names):
    ours read the system the stand-in publishes through
    ``TfTpuEmbSetSparseCoreSystem`` (system.py, core/sparsecore.h).  Across
    chips the replicas' lookup and gradient kernels meet
-   (kernels/sparsecore_rendezvous.h), as a TPU's SparseCores exchange ids
+   (kernels/sparsecore/rendezvous.h), as a TPU's SparseCores exchange ids
    and rows.
 4. The replica-local table shard (:class:`TPUEmbeddingShardedVariable`
    below).  Inside a TPU's replicated program, reading or assigning TF's
@@ -74,7 +74,7 @@ is installed (``tf_tpu_emb.tpu.uninstall`` restores TF's public names):
    where TF turns it off); our kernels read the mark, the in-place op of
    seam 7 carries its gradient op's, and a pipelined update keeps the rows
    it changed as they were for the table's next lookup
-   (kernels/sparsecore_pipeline.h; docs/sparsecore_semantics.md
+   (kernels/sparsecore/pipeline.h; docs/sparsecore_semantics.md
    "Pipelining").  The tables stay up to date, so checkpoints and
    ``embedding_tables`` need nothing; both paths of seam 7 honour it.
 9. **The enqueue device.**  ``enqueue(features, device=d)`` preprocesses on
@@ -155,7 +155,7 @@ def _in_place_update(component, value):
                 update = tte_ops.raw_op(_IN_PLACE[bare])(
                     name=op.name.rsplit("/", 1)[-1] + "InPlace", **kwargs)
             # TF's pipelining mark (pipeline_execution_with_tensor_core), which
-            # the kernel reads (kernels/sparsecore_pipeline.h).
+            # the kernel reads (kernels/sparsecore/pipeline.h).
             if _PIPELINE_ATTR in op.node_def.attr:
                 update._set_attr(_PIPELINE_ATTR, op.node_def.attr[_PIPELINE_ATTR])  # pylint: disable=protected-access
             done[op.name] = update

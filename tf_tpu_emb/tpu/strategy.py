@@ -311,7 +311,7 @@ class TPUStrategy(tpu_strategy.TPUStrategyV2, tpu_strategy.TPUStrategy):
             # replicated program per step: tpu_strategy.py
             # ``_tpu_function_creator``); on a SparseCore system the
             # replicas' SparseCore kernels of one step then share its step
-            # (kernels/sparsecore_rendezvous.h).  V1 keeps MirroredStrategy's
+            # (kernels/sparsecore/rendezvous.h).  V1 keeps MirroredStrategy's
             # eager run.
             function = self._v2_run_functions.get(fn)
             if function is None:

@@ -5,7 +5,7 @@
 // XlaSparseDenseMatmulCustomCombinerOnTcGradWithCsrInput (a user optimizer).
 // Registered as TfTpuEmb>Name and under TF's name.  The combiner, its two
 // VJPs and the custom optimizer are the ops' `func` attrs, called through the
-// function library runtime (sc_util::UserFunction).  What they compute --
+// function library runtime (sc_kernels::UserFunction).  What they compute --
 // the preserved vectors, the argument lists, the gradient -- is
 // docs/sparsecore_semantics.md §8; the optimizers are §6's.  Every input is
 // checked before an output is written; a bad one, or a function returning
@@ -20,19 +20,14 @@
 #include "absl/strings/str_cat.h"
 #include "core/sparsecore.h"
 #include "kernels/registration.h"
-#include "kernels/sparsecore_kernel_util.h"
+#include "kernels/sparsecore/kernel_util.h"
 
 namespace tf_tpu_emb {
 namespace kernels {
+namespace sc_kernels {
 namespace {
 
 namespace sc = ::tf_tpu_emb::sparsecore;
-using sc_util::CheckRank;
-using sc_util::CheckShape;
-using sc_util::Invalid;
-using sc_util::Opt;
-using sc_util::RegisterBoth;
-using sc_util::UserFunction;
 
 // Inputs 0-4 of every custom-combiner op.
 enum : int { kRowPointers = 0, kSampleIds, kTokenIds, kPosIds, kGains };
@@ -89,10 +84,8 @@ absl::Status ReadPosCsr(const std::string& op, OpKernelContext* ctx, const Tenso
   for (int64_t k = 0; k < num_pointers; ++k) {
     const int64_t begin = k == 0 ? 0 : sc::RoundUp(pointers(k - 1), sc::kXlaPadSize);
     const int64_t end = pointers(k);
-    if (end < begin || end > n) {
-      return Invalid(op, absl::StrCat("row_pointers[", k, "] = ", end, " must lie in [", begin,
-                                      ", ", n, "] (the segment's start, the ids' length)"));
-    }
+    const std::string segment = sc::CheckCsrSegment(k, begin, end, n);
+    if (!segment.empty()) return Invalid(op, segment);
     const int64_t shard = k % group, sample_sc = k / group;
     if (end > begin && (sample_sc >= num_sc || shard >= num_sc)) {
       return Invalid(op, absl::StrCat(
@@ -101,15 +94,8 @@ absl::Status ReadPosCsr(const std::string& op, OpKernelContext* ctx, const Tenso
                              num_sc, " sparse cores with ", num_sc, " shards each"));
     }
     for (int64_t i = begin; i < end; ++i) {
-      if (samples(i) < 0 || samples(i) >= batch) {
-        return Invalid(op, absl::StrCat("sorted_sample_ids[", i, "] = ", samples(i),
-                                        " is outside [0, ", batch, ") (samples per sparse core)"));
-      }
-      if (tokens(i) < 0 || tokens(i) >= shard_rows) {
-        return Invalid(op, absl::StrCat("sorted_token_ids[", i, "] = ", tokens(i),
-                                        " is outside [0, ", shard_rows,
-                                        ") (rows of a sparse core's table shard)"));
-      }
+      const std::string bad = sc::CheckCsrId(i, samples(i), batch, tokens(i), shard_rows);
+      if (!bad.empty()) return Invalid(op, bad);
       if (positions(i) < 0 || positions(i) >= max_valency) {
         return Invalid(op, absl::StrCat("sorted_pos_ids[", i, "] = ", positions(i),
                                         " is outside [0, max_valency = ", max_valency, ")"));
@@ -157,8 +143,8 @@ class CustomCombinerLookupOp : public OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("input_size", &input_size_));
     OP_REQUIRES_OK(c, c->GetAttr("max_valency", &max_valency_));
     OP_REQUIRES_OK(c, c->GetAttr("num_weights", &num_weights_));
-    OP_REQUIRES_OK(c, sc_util::RefuseQuantization(c, op_));
-    OP_REQUIRES_OK(c, sc_util::ReadNumSparseCores(c, op_, &num_sc_));
+    OP_REQUIRES_OK(c, RefuseQuantization(c, op_));
+    OP_REQUIRES_OK(c, ReadNumSparseCores(c, op_, &num_sc_));
     OP_REQUIRES(c, input_size_ % num_sc_ == 0,
                 Invalid(op_, absl::StrCat("input_size ", input_size_, " is not divisible by ",
                                           num_sc_, " sparse cores")));
@@ -226,7 +212,7 @@ class CombinerBackward {
     op_ = op;
     TF_RETURN_IF_ERROR(c->GetAttr("max_valency", &max_valency_));
     TF_RETURN_IF_ERROR(c->GetAttr("num_weights", &num_weights_));
-    TF_RETURN_IF_ERROR(sc_util::ReadNumSparseCores(c, op, &num_sc_));
+    TF_RETURN_IF_ERROR(ReadNumSparseCores(c, op, &num_sc_));
     TF_RETURN_IF_ERROR(table_vjp_.Init(c, op, "combiner_table_vjp_computation"));
     return weights_vjp_.Init(c, op, "combiner_weights_vjp_computation");
   }
@@ -253,7 +239,7 @@ class CombinerBackward {
         CheckWeights(op_, "preserved_weights", ctx->input(kPreservedWeights), num_weights_));
     float lr_w = 0;
     TF_RETURN_IF_ERROR(
-        sc_util::ScalarValue(op_, "combiner_weights_learning_rate", weights_lr, &lr_w));
+        ScalarValue(op_, "combiner_weights_learning_rate", weights_lr, &lr_w));
     std::vector<PosId> ids;
     std::vector<int32_t> unused;
     TF_RETURN_IF_ERROR(ReadPosCsr(op_, ctx, table, num_sc_, batch, max_valency_, &ids, &unused));
@@ -317,12 +303,12 @@ template <Opt kOpt>
 class CustomCombinerGradOp : public OpKernel {
  public:
   explicit CustomCombinerGradOp(OpKernelConstruction* c) : OpKernel(c), op_(BareOpName(c)) {
-    OP_REQUIRES_OK(c, sc_util::ReadGradAttrs(c, op_, kOpt, &optimizer_));
+    OP_REQUIRES_OK(c, ReadGradAttrs(c, op_, kOpt, &optimizer_));
     OP_REQUIRES_OK(c, backward_.Init(c, op_));
   }
 
   void Compute(OpKernelContext* ctx) override {
-    constexpr int kSlots = sc_util::NumSlotsOf(kOpt);
+    constexpr int kSlots = NumSlotsOf(kOpt);
     const Tensor& table = ctx->input(12);
     OP_REQUIRES_OK(ctx, CheckRank(op_, "embedding_table", table, 2));
     for (int k = 0; k < kSlots; ++k) {
@@ -330,15 +316,15 @@ class CustomCombinerGradOp : public OpKernel {
                                      ctx->input(13 + k), table.shape()));
     }
     float lr = 0;
-    OP_REQUIRES_OK(ctx, sc_util::ScalarValue(op_, "learning_rate", ctx->input(10), &lr));
+    OP_REQUIRES_OK(ctx, ScalarValue(op_, "learning_rate", ctx->input(10), &lr));
     RowGradients grads;
     OP_REQUIRES_OK(ctx, backward_.Run(ctx, table, ctx->input(11), 1 + kSlots, &grads));
     const int64_t width = table.dim_size(1);
     float* w;
     float* s[kMaxSlots] = {};
-    OP_REQUIRES_OK(ctx, sc_util::CopyToOutput(ctx, 0, table, &w));
+    OP_REQUIRES_OK(ctx, CopyToOutput(ctx, 0, table, &w));
     for (int k = 0; k < kSlots; ++k) {
-      OP_REQUIRES_OK(ctx, sc_util::CopyToOutput(ctx, 1 + k, ctx->input(13 + k), &s[k]));
+      OP_REQUIRES_OK(ctx, CopyToOutput(ctx, 1 + k, ctx->input(13 + k), &s[k]));
     }
     for (size_t t = 0; t < grads.rows.size(); ++t) {
       const int64_t off = grads.rows[t] * width;
@@ -354,7 +340,7 @@ class CustomCombinerGradOp : public OpKernel {
 
  private:
   const std::string op_;
-  sc_util::SparseCoreOptimizer optimizer_;
+  SparseCoreOptimizer optimizer_;
   CombinerBackward backward_;
 };
 
@@ -388,7 +374,7 @@ class CustomCombinerGradCustomOp : public OpKernel {
     }
     std::vector<float> hyper(hypers.size());
     for (int j = 0; j < hypers.size(); ++j) {
-      OP_REQUIRES_OK(ctx, sc_util::ScalarValue(op_, absl::StrCat("hyperparameters[", j, "]"),
+      OP_REQUIRES_OK(ctx, ScalarValue(op_, absl::StrCat("hyperparameters[", j, "]"),
                                                hypers[j], &hyper[j]));
     }
     RowGradients grads;
@@ -397,7 +383,7 @@ class CustomCombinerGradCustomOp : public OpKernel {
     std::vector<float*> out(n);
     std::vector<int64_t> cols(n);
     for (int i = 0; i < n; ++i) {
-      OP_REQUIRES_OK(ctx, sc_util::CopyToOutput(ctx, i, tables[i], &out[i]));
+      OP_REQUIRES_OK(ctx, CopyToOutput(ctx, i, tables[i], &out[i]));
       cols[i] = tables[i].dims() == 2 ? tables[i].dim_size(1) : 0;
     }
     if (grads.rows.empty()) return;
@@ -440,17 +426,16 @@ bool RegisterKernels() {
   const std::string base = "XlaSparseDenseMatmulCustomCombinerOnTc";
   RegisterBoth<CustomCombinerLookupOp>(base + "WithCsrInput");
   RegisterBoth<CustomCombinerGradCustomOp>(base + "GradWithCsrInput");
-  RegisterBoth<CustomCombinerGradOp<Opt::kSgd>>(base + "GradWithSgdAndCsrInput");
-  RegisterBoth<CustomCombinerGradOp<Opt::kAdagrad>>(base + "GradWithAdagradAndCsrInput");
-  RegisterBoth<CustomCombinerGradOp<Opt::kAdagradMomentum>>(base +
-                                                        "GradWithAdagradMomentumAndCsrInput");
-  RegisterBoth<CustomCombinerGradOp<Opt::kAdam>>(base + "GradWithAdamAndCsrInput");
-  RegisterBoth<CustomCombinerGradOp<Opt::kFtrl>>(base + "GradWithFtrlAndCsrInput");
+  sc_opt::ForEachOptimizer([&base](auto opt) {
+    RegisterBoth<CustomCombinerGradOp<decltype(opt)::value>>(
+        absl::StrCat(base, "GradWith", sc_opt::NameOf(opt), "AndCsrInput"));
+  });
   return true;
 }
 
 [[maybe_unused]] const bool kKernelsRegistered = RegisterKernels();
 
 }  // namespace
+}  // namespace sc_kernels
 }  // namespace kernels
 }  // namespace tf_tpu_emb

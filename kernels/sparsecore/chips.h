@@ -1,10 +1,10 @@
 // The chips of the stand-in SparseCore TPU as the lookup and gradient
-// kernels (kernels/sparsecore_matmul_kernels.cc) see them
+// kernels (kernels/sparsecore/matmul_kernels.cc) see them
 // (docs/sparsecore_semantics.md §5-§6 and "Multi-chip"): how many chips and
 // SparseCores per chip a kernel's CSR buffers address, the ids the buffers
 // hold (which chip's shard, which row, which sample), and running a kernel's
 // work on one chip at once or at the chips' meeting
-// (kernels/sparsecore_rendezvous.h).
+// (kernels/sparsecore/rendezvous.h).
 #ifndef TF_TPU_EMB_KERNELS_SPARSECORE_CHIPS_H_
 #define TF_TPU_EMB_KERNELS_SPARSECORE_CHIPS_H_
 
@@ -19,19 +19,17 @@
 #include "core/sparsecore.h"
 #include "engine/exceptions.h"
 #include "kernels/registration.h"
-#include "kernels/sparsecore_kernel_util.h"
-#include "kernels/sparsecore_rendezvous.h"
+#include "kernels/sparsecore/kernel_util.h"
+#include "kernels/sparsecore/rendezvous.h"
 #include "tensorflow/core/framework/tensor.h"
 
 namespace tf_tpu_emb {
 namespace kernels {
-namespace sparsecore_chips {
+namespace sc_kernels {
 
 namespace sc = ::tf_tpu_emb::sparsecore;
 
 // InvalidArgument naming the op.
-using sc_util::CheckRank;
-using sc_util::Invalid;
 
 
 // The chips and SparseCores a kernel's CSR buffers address (semantics §5
@@ -54,7 +52,7 @@ inline absl::Status ReadChips(OpKernelConstruction* c, const std::string& op, Ch
     return absl::OkStatus();
   }
   int64_t n;
-  TF_RETURN_IF_ERROR(sc_util::ReadNumSparseCores(c, op, &n));
+  TF_RETURN_IF_ERROR(ReadNumSparseCores(c, op, &n));
   *out = {1, n, 0};
   return absl::OkStatus();
 }
@@ -121,10 +119,8 @@ inline absl::Status ReadCsr(const std::string& op, OpKernelContext* ctx, const T
   for (int64_t k = 0; k < m * num_sc * group; ++k) {
     const int64_t begin = k == 0 ? 0 : sc::RoundUp(pointers(k - 1), sc::kXlaPadSize);
     const int64_t end = pointers(k);
-    if (end < begin || end > n) {
-      return Invalid(op, absl::StrCat("row_pointers[", k, "] = ", end, " must lie in [", begin,
-                                      ", ", n, "] (the segment's start, the ids' length)"));
-    }
+    const std::string segment = sc::CheckCsrSegment(k, begin, end, n);
+    if (!segment.empty()) return Invalid(op, segment);
     const int64_t shard = k % group;
     const int64_t sample_sc = k / group / m;
     if (shard >= shards && end > begin) {
@@ -135,15 +131,8 @@ inline absl::Status ReadCsr(const std::string& op, OpKernelContext* ctx, const T
     }
     const sc::ShardHome home = sc::HomeOfShard(shard, num_sc);
     for (int64_t i = begin; i < end; ++i) {
-      if (samples(i) < 0 || samples(i) >= batch) {
-        return Invalid(op, absl::StrCat("sorted_sample_ids[", i, "] = ", samples(i),
-                                        " is outside [0, ", batch, ") (samples per sparse core)"));
-      }
-      if (tokens(i) < 0 || tokens(i) >= shard_rows) {
-        return Invalid(op, absl::StrCat("sorted_token_ids[", i, "] = ", tokens(i),
-                                        " is outside [0, ", shard_rows,
-                                        ") (rows of a sparse core's table shard)"));
-      }
+      const std::string bad = sc::CheckCsrId(i, samples(i), batch, tokens(i), shard_rows);
+      if (!bad.empty()) return Invalid(op, bad);
       out->sample = sample_sc * batch + samples(i);
       out->chip = home.chip;
       out->row = home.local_shard * shard_rows + tokens(i);
@@ -177,7 +166,7 @@ inline absl::Status SameShards(const std::string& op,
 }
 
 // Runs `work` over the replicas' arrivals: at once for one chip, else at
-// the chips' meeting (kernels/sparsecore_rendezvous.h).  `work` gets each
+// the chips' meeting (kernels/sparsecore/rendezvous.h).  `work` gets each
 // replica's arrival and returns each one's status.
 inline void RunOnChips(OpKernelContext* ctx, AsyncOpKernel::DoneCallback done,
                        const std::string& op, const std::string& table, const Chips& chips,
@@ -215,7 +204,7 @@ inline void RunOnChips(OpKernelContext* ctx, AsyncOpKernel::DoneCallback done,
 }
 
 
-}  // namespace sparsecore_chips
+}  // namespace sc_kernels
 }  // namespace kernels
 }  // namespace tf_tpu_emb
 

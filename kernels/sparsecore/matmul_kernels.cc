@@ -1,21 +1,21 @@
 // CPU kernels of the SparseCore lookup and gradient+optimizer ops
 // (TPUEmbeddingV2): XlaSparseDenseMatmulWith{CsrInput, StaticBufferSize} and
 // XlaSparseDenseMatmulGradWith<Opt>And{CsrInput, StaticBufferSize} (the
-// standalone XlaSparseCore<Opt>: kernels/sparsecore_standalone_kernels.cc; the
+// standalone XlaSparseCore<Opt>: kernels/sparsecore/standalone_kernels.cc; the
 // user's-function optimizer XlaSparseDenseMatmulGradWithCsrInput:
-// kernels/sparsecore_custom_optimizer_kernel.cc).
+// kernels/sparsecore/custom_optimizer_kernel.cc).
 // Registered as TfTpuEmb>Name and under TF's name.  What they compute -- the
 // one-chip CPU model of the CSR buffers, the row gradient, the optimizers --
 // is docs/sparsecore_semantics.md §5-§6; the row updates are
-// core/optimizers.h's (one optimizer source).  Ops TF marks pipelined
+// core/optimizer_formulas.h's (one optimizer source).  Ops TF marks pipelined
 // (pipeline_execution_with_tensor_core) look up one step old tables
-// (kernels/sparsecore_pipeline.h, semantics "Pipelining").
+// (kernels/sparsecore/pipeline.h, semantics "Pipelining").
 // Every input is checked before an output is written: a bad one is
 // InvalidArgument naming the op and the offending index (and, for the
 // lookup and gradient ops, the table).  On the stand-in SparseCore TPU
 // (several chips, core/sparsecore.h ChipSystem) the lookup and gradient
 // kernels are asynchronous: the replicas' kernels of one call meet
-// (kernels/sparsecore_chips.h, kernels/sparsecore_rendezvous.h) and exchange
+// (kernels/sparsecore/chips.h, kernels/sparsecore/rendezvous.h) and exchange
 // rows and gradients as the TPU's SparseCores do (semantics "Multi-chip");
 // on one chip they run at once.
 #include <algorithm>
@@ -31,37 +31,21 @@
 #include "core/cpu_dispatch.h"
 #include "core/optimizers.h"
 #include "core/sparsecore.h"
-#include "kernels/huge_page_allocator.h"
+#include "kernels/sparsecore/huge_page_allocator.h"
 #include "kernels/registration.h"
-#include "kernels/sparsecore_chips.h"
-#include "kernels/sparsecore_pipeline.h"
-#include "kernels/sparsecore_row_runs.h"
+#include "kernels/sparsecore/chips.h"
+#include "kernels/sparsecore/pipeline.h"
+#include "kernels/sparsecore/row_runs.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/tensor.h"
 
 namespace tf_tpu_emb {
 namespace kernels {
+namespace sc_kernels {
 namespace {
 
 namespace sc = ::tf_tpu_emb::sparsecore;
-using sparsecore_chips::Chips;
-using sparsecore_chips::CheckRank;
-using sparsecore_chips::CsrId;
-using sparsecore_chips::Invalid;
-using sparsecore_chips::ReadChips;
-using sparsecore_chips::ReadCsr;
-using sparsecore_chips::RunOnChips;
-using sparsecore_chips::SameShards;
-using sc_util::CheckSameShape;
-using sc_util::CopyToOutput;
-using sc_util::Opt;
-using sc_util::ReadGradAttrs;
-using sc_util::ScalarValue;
-using sc_util::SparseCoreOptimizer;
-using opt::AdagradMomentumHyper;
-using opt::AdamHyper;
-using opt::FtrlHyper;
 
 
 
@@ -105,7 +89,7 @@ class CsrLookupOp : public AsyncOpKernel {
   explicit CsrLookupOp(OpKernelConstruction* c) : AsyncOpKernel(c), op_(BareOpName(c)) {
     OP_REQUIRES_OK(c, c->GetAttr("input_size", &input_size_));
     OP_REQUIRES_OK(c, c->GetAttr("table_name", &table_));
-    OP_REQUIRES_OK(c, sc_util::RefuseQuantization(c, op_));
+    OP_REQUIRES_OK(c, RefuseQuantization(c, op_));
     if (c->HasAttr("T")) {
       ::tensorflow::DataType t;
       OP_REQUIRES_OK(c, c->GetAttr("T", &t));
@@ -114,7 +98,7 @@ class CsrLookupOp : public AsyncOpKernel {
                       absl::StrCat(op_, ": only float32 tables are implemented on CPU")));
     }
     OP_REQUIRES_OK(c, ReadChips(c, op_, &chips_));
-    pipelined_ = sparsecore_pipeline::Pipelined(c);
+    pipelined_ = Pipelined(c);
     OP_REQUIRES(c, input_size_ % chips_.num_sc == 0,
                 Invalid(op_, absl::StrCat("input_size ", input_size_, " is not divisible by ",
                                           chips_.num_sc, " sparse cores")));
@@ -130,8 +114,8 @@ class CsrLookupOp : public AsyncOpKernel {
     if (!caught.ok()) status = caught;
     const int64_t input_size = input_size_;
     const std::string op = op_;
-    // Pipelined: the table's undo log (sparsecore_pipeline.h), taken by this lookup.
-    const std::string log = pipelined_ ? sparsecore_pipeline::UndoLogs::Key(table_,
+    // Pipelined: the table's undo log (kernels/sparsecore/pipeline.h), taken by this lookup.
+    const std::string log = pipelined_ ? UndoLogs::Key(table_,
                                                                             chips_.generation)
                                        : std::string();
     RunOnChips(ctx, std::move(done), op_, table_, chips_, status, in,
@@ -143,9 +127,9 @@ class CsrLookupOp : public AsyncOpKernel {
                  const int64_t width = tables[0]->dim_size(1);
                  std::vector<const float*> shards;
                  for (const Tensor* t : tables) shards.push_back(t->flat<float>().data());
-                 std::unique_ptr<sparsecore_pipeline::LookupView> old;
+                 std::unique_ptr<LookupView> old;
                  if (!log.empty()) {
-                   old = std::make_unique<sparsecore_pipeline::LookupView>(log, tables);
+                   old = std::make_unique<LookupView>(log, tables);
                    if (old->empty()) old.reset();
                  }
                  if (old != nullptr) shards = old->Shards(std::move(shards));
@@ -222,7 +206,7 @@ absl::Status InPlaceState(OpKernelContext* ctx, const std::string& op, int index
         op, ": input ", index, " is not an initialized float32 variable"));
   }
   // A large variable not yet in huge pages moves there once (its rows are
-  // random reads and writes: kernels/huge_page_allocator.h).
+  // random reads and writes: kernels/sparsecore/huge_page_allocator.h).
   HugePageAllocator* huge = HugePageAllocator::Get();
   const Tensor& now = *var->tensor();
   const bool move = now.TotalBytes() >= HugePageAllocator::kMinBytes &&
@@ -255,7 +239,7 @@ class CsrGradOp : public AsyncOpKernel {
     OP_REQUIRES_OK(c, ReadGradAttrs(c, op_, kOpt, &optimizer_));
     OP_REQUIRES_OK(c, c->GetAttr("table_name", &table_));
     OP_REQUIRES_OK(c, ReadChips(c, op_, &chips_));
-    pipelined_ = sparsecore_pipeline::Pipelined(c);
+    pipelined_ = Pipelined(c);
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
@@ -265,7 +249,7 @@ class CsrGradOp : public AsyncOpKernel {
     if (!caught.ok()) status = caught;
     const std::string op = op_;
     const SparseCoreOptimizer optimizer = optimizer_;
-    const std::string log = sparsecore_pipeline::UndoLogs::Key(table_, chips_.generation);
+    const std::string log = UndoLogs::Key(table_, chips_.generation);
     const bool pipelined = pipelined_;
     RunOnChips(ctx, std::move(done), op_, table_, chips_, status, in,
                [op, optimizer, log, pipelined](std::vector<ChipArrival>& a) {
@@ -274,7 +258,7 @@ class CsrGradOp : public AsyncOpKernel {
   }
 
  private:
-  static constexpr int kSlots = kOpt == Opt::kSgd ? 0 : kOpt == Opt::kAdagrad ? 1 : 2;
+  static constexpr int kSlots = NumSlotsOf(kOpt);
 
   absl::Status Check(OpKernelContext* ctx, GradInput* in) const {
     for (int k = 0; k <= kSlots; ++k) {
@@ -364,7 +348,7 @@ class CsrGradOp : public AsyncOpKernel {
   }
 
   // Pipelined, the update records each chip's undo log under `log` (the
-  // rows it changes, before and after: sparsecore_pipeline.h); else it drops
+  // rows it changes, before and after: kernels/sparsecore/pipeline.h); else it drops
   // the table's log.
   static std::vector<absl::Status> Apply(const std::string& op, const SparseCoreOptimizer& opt,
                                          const std::string& log, bool pipelined,
@@ -374,15 +358,15 @@ class CsrGradOp : public AsyncOpKernel {
     std::vector<absl::Status> result(a.size(), SameShards(op, tables));
     if (!result[0].ok()) return result;
     const int64_t width = tables[0]->dim_size(1);
-    std::vector<sparsecore_pipeline::ShardLog> logs(pipelined ? a.size() : 0);
+    std::vector<ShardLog> logs(pipelined ? a.size() : 0);
     // The ids as runs of non-decreasing (chip, row), when there are few
-    // (the preprocessing's sorted buffers; kernels/sparsecore_row_runs.h).
+    // (the preprocessing's sorted buffers; kernels/sparsecore/row_runs.h).
     // A pipelined update takes the general path, which records the undo log.
-    std::vector<sc_runs::IdRun> runs;
+    std::vector<IdRun> runs;
     bool sorted = !pipelined;
     for (ChipArrival& x : a) {
       const std::vector<CsrId>& ids = InputOf(x)->ids;
-      sorted = sorted && sc_runs::AppendRuns(ids.data(), static_cast<int64_t>(ids.size()),
+      sorted = sorted && AppendRuns(ids.data(), static_cast<int64_t>(ids.size()),
                                              x.ctx->input(4).flat<float>().data(), &runs);
     }
     for (size_t c = 0; c < a.size(); ++c) {
@@ -403,19 +387,19 @@ class CsrGradOp : public AsyncOpKernel {
       int64_t ids = 0;
       for (ChipArrival& x : a) ids += static_cast<int64_t>(InputOf(x)->ids.size());
       const float lr = in->lr;
-      std::vector<sparsecore_pipeline::ShardLog> part_logs(pipelined ? parts : 0);
+      std::vector<ShardLog> part_logs(pipelined ? parts : 0);
       if (sorted) {
-        // One pass a row range (kernels/sparsecore_row_runs.h); a few more
+        // One pass a row range (kernels/sparsecore/row_runs.h); a few more
         // ranges than threads, balanced by ids, so a hot range does not
         // leave a thread idle.
         const int64_t ranges = parts == 1 ? 1 : 4 * parts;
         const std::vector<int64_t> cuts =
-            sc_runs::BalancedCuts(runs, static_cast<int64_t>(c), tables[0]->dim_size(0), ranges);
+            BalancedCuts(runs, static_cast<int64_t>(c), tables[0]->dim_size(0), ranges);
         pool->ParallelFor(ranges, ids * width * 8 / ranges, [&](int64_t begin, int64_t end) {
           thread_local std::vector<float> sum;
           sum.resize(width);
           for (int64_t p = begin; p < end; ++p) {
-            sc_runs::SumAndUpdateRows(opt, w, kSlots, runs.data(), static_cast<int>(runs.size()),
+            SumAndUpdateRows(opt, w, kSlots, runs.data(), static_cast<int>(runs.size()),
                                       static_cast<int64_t>(c), cuts[p], cuts[p + 1], width, lr,
                                       sum.data());
           }
@@ -431,7 +415,7 @@ class CsrGradOp : public AsyncOpKernel {
           RowSums(a, c, width, part, parts, &touched, &sums);
           const int64_t n = static_cast<int64_t>(touched.size());
           if (pipelined) part_logs[part].Copy(w[0], touched.data(), n, width, /*post=*/false);
-          sc_runs::UpdateRows(opt, w, kSlots, touched.data(), sums.data(), width, lr, 0, n);
+          UpdateRows(opt, w, kSlots, touched.data(), sums.data(), width, lr, 0, n);
           if (pipelined) part_logs[part].Copy(w[0], touched.data(), n, width, /*post=*/true);
         }
       });
@@ -439,13 +423,13 @@ class CsrGradOp : public AsyncOpKernel {
         logs[c].buffer = w[0];
         logs[c].shape = in->state[0].shape();
         logs[c].width = width;
-        for (const sparsecore_pipeline::ShardLog& p : part_logs) logs[c].Append(p);
+        for (const ShardLog& p : part_logs) logs[c].Append(p);
       }
     }
     bool all_ok = true;
     for (const absl::Status& s : result) all_ok = all_ok && s.ok();
     // A failed update leaves no log (its lookup reads the tables as they are).
-    sparsecore_pipeline::UndoLogs::Get().Put(log, pipelined && all_ok, std::move(logs));
+    UndoLogs::Get().Put(log, pipelined && all_ok, std::move(logs));
     if (kInPlace) {
       // Let go of the variables' buffers before any replica's `done`: the
       // next step's update must find them unshared (no copy-on-write).
@@ -463,34 +447,27 @@ class CsrGradOp : public AsyncOpKernel {
   bool pipelined_ = false;
 };
 
-template <typename Kernel>
-void Register(const std::string& bare) {
-  RegisterCpuKernel<Kernel>(bare, CoreOpRegistered(bare));
-}
-
 template <Opt kOpt>
-void RegisterOptimizer(const char* infix) {
+void RegisterOptimizer() {
   for (const char* form : {"CsrInput", "StaticBufferSize"}) {
-    const std::string bare = absl::StrCat("XlaSparseDenseMatmulGradWith", infix, "And", form);
-    Register<CsrGradOp<kOpt, false>>(bare);
+    const std::string bare =
+        absl::StrCat("XlaSparseDenseMatmulGradWith", sc_opt::NameOf(kOpt), "And", form);
+    RegisterBoth<CsrGradOp<kOpt, false>>(bare);
     // Ours only (no TF op of that name).
     RegisterCpuKernel<CsrGradOp<kOpt, true>>(bare + "InPlace", /*core=*/false);
   }
 }
 
 bool RegisterKernels() {
-  Register<CsrLookupOp>("XlaSparseDenseMatmulWithCsrInput");
-  Register<CsrLookupOp>("XlaSparseDenseMatmulWithStaticBufferSize");
-  RegisterOptimizer<Opt::kSgd>("Sgd");
-  RegisterOptimizer<Opt::kAdagrad>("Adagrad");
-  RegisterOptimizer<Opt::kAdagradMomentum>("AdagradMomentum");
-  RegisterOptimizer<Opt::kAdam>("Adam");
-  RegisterOptimizer<Opt::kFtrl>("Ftrl");
+  RegisterBoth<CsrLookupOp>("XlaSparseDenseMatmulWithCsrInput");
+  RegisterBoth<CsrLookupOp>("XlaSparseDenseMatmulWithStaticBufferSize");
+  sc_opt::ForEachOptimizer([](auto opt) { RegisterOptimizer<decltype(opt)::value>(); });
   return true;
 }
 
 [[maybe_unused]] const bool kKernelsRegistered = RegisterKernels();
 
 }  // namespace
+}  // namespace sc_kernels
 }  // namespace kernels
 }  // namespace tf_tpu_emb

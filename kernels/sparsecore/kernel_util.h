@@ -1,10 +1,10 @@
 // Helpers of the SparseCore kernels (the lookup and gradient kernels,
-// kernels/sparsecore_matmul_kernels.cc and kernels/sparsecore_chips.h; the
-// standalone optimizers, kernels/sparsecore_standalone_kernels.cc; the
+// kernels/sparsecore/matmul_kernels.cc and kernels/sparsecore/chips.h; the
+// standalone optimizers, kernels/sparsecore/standalone_kernels.cc; the
 // custom-combiner ops,
-// kernels/sparsecore_custom_combiner_kernels.cc; the COO lookup,
-// kernels/sparsecore_coo_matmul_kernel.cc; the preprocessing through
-// kernels/sparsecore_preprocess.h): input checks naming the op, registration
+// kernels/sparsecore/custom_combiner_kernels.cc; the COO lookup,
+// kernels/sparsecore/coo_matmul_kernel.cc; the preprocessing through
+// kernels/sparsecore/preprocess.h): input checks naming the op, registration
 // under both names, the SparseCore count, the gradient ops' optimizer attrs
 // and row update (docs/sparsecore_semantics.md §6), and calling a `func`
 // attr through the function library runtime with its outputs checked.
@@ -22,13 +22,14 @@
 #include "absl/strings/str_cat.h"
 #include "core/cpu_dispatch.h"
 #include "core/optimizers.h"
+#include "core/sparsecore_optimizers.gen.h"
 #include "kernels/registration.h"
 #include "tensorflow/core/framework/function.h"
 #include "tensorflow/core/framework/tensor.h"
 
 namespace tf_tpu_emb {
 namespace kernels {
-namespace sc_util {
+namespace sc_kernels {
 
 inline absl::Status Invalid(const std::string& op, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(op, ": ", what));
@@ -121,39 +122,49 @@ void RegisterBoth(const std::string& bare) {
 
 // ------------------------------------------------ §6 the optimizers
 
-enum class Opt { kSgd, kAdagrad, kAdagradMomentum, kAdam, kFtrl };
-
-constexpr int NumSlotsOf(Opt o) {
-  return o == Opt::kSgd ? 0 : o == Opt::kAdagrad ? 1 : 2;
-}
+// The SparseCore optimizers: data generated from tf_tpu_emb/optimizer_specs.py
+// (core/sparsecore_optimizers.gen.h).
+using sc_opt::NumSlotsOf;
+using sc_opt::Opt;
 
 // One SparseCore optimizer's hyper-parameters and its row update:
-// core/optimizers.h's formula, then the weight clipping.
+// core/optimizer_formulas.h's formula, then the weight clipping.
 struct SparseCoreOptimizer {
   Opt opt = Opt::kSgd;
-  opt::AdagradMomentumHyper momentum{};
-  opt::AdamHyper adam{};
-  opt::FtrlHyper ftrl{};
+  sc_opt::Hyper hyper{};
   float clip_min = -std::numeric_limits<float>::infinity();
   float clip_max = std::numeric_limits<float>::infinity();
 
   // Inlined into a CPU-dispatched caller's clones (core/cpu_dispatch.h).
   // `clip`: false for the standalone optimizers (§7: no clip attrs).
   TF_TPU_EMB_INLINE_INTO_CLONES void Update(const RowArgs& a, bool clip = true) const {
-    switch (opt) {
-      case Opt::kSgd: opt::StochasticGradientDescent(a, {}); break;
-      case Opt::kAdagrad: opt::Adagrad(a, {}); break;
-      case Opt::kAdagradMomentum: opt::AdagradMomentum(a, momentum); break;
-      case Opt::kAdam: opt::Adam(a, adam); break;
-      case Opt::kFtrl: opt::SparseCoreFtrl(a, ftrl); break;
-    }
+    sc_opt::Update(opt, a, hyper);
     if (!clip) return;
     for (int d = 0; d < a.dim; ++d) a.w[d] = std::min(std::max(a.w[d], clip_min), clip_max);
   }
 };
 
+// A hyper-parameter the optimizer refuses at 0 (ours: TF's kernels divide by it).
+inline absl::Status CheckNonzeroHypers(const std::string& op, const SparseCoreOptimizer& o) {
+  if (const char* zero = sc_opt::ZeroHyper(o.opt, o.hyper)) {
+    return Invalid(op, absl::StrCat(zero, " must not be 0"));
+  }
+  return absl::OkStatus();
+}
+
+// Reads each attr a visitor of core/sparsecore_optimizers.gen.h names.
+template <typename VisitAttrs>
+absl::Status ReadAttrs(OpKernelConstruction* c, const VisitAttrs& visit_attrs) {
+  absl::Status status;
+  visit_attrs([&](const char* name, auto* value) {
+    status = c->GetAttr(name, value);
+    return status.ok();
+  });
+  return status;
+}
+
 // The gradient ops' optimizer attrs (TF's names; beta1 is AdagradMomentum's
-// momentum), with TF's clip check and ours on `exponent` (§6).
+// momentum), with TF's clip check and ours on the nonzero ones (§6).
 inline absl::Status ReadGradAttrs(OpKernelConstruction* c, const std::string& op, Opt o,
                                   SparseCoreOptimizer* out) {
   out->opt = o;
@@ -165,29 +176,10 @@ inline absl::Status ReadGradAttrs(OpKernelConstruction* c, const std::string& op
                                     out->clip_min, " and clip_weight_max as ", out->clip_max,
                                     "."));
   }
-  if (o == Opt::kAdagradMomentum) {
-    opt::AdagradMomentumHyper& h = out->momentum;
-    TF_RETURN_IF_ERROR(c->GetAttr("use_nesterov", &h.use_nesterov));
-    TF_RETURN_IF_ERROR(c->GetAttr("exponent", &h.exponent));
-    TF_RETURN_IF_ERROR(c->GetAttr("beta1", &h.momentum));
-    TF_RETURN_IF_ERROR(c->GetAttr("beta2", &h.beta2));
-    TF_RETURN_IF_ERROR(c->GetAttr("epsilon", &h.epsilon));
-    if (h.exponent == 0) return Invalid(op, "exponent must not be 0");
-  } else if (o == Opt::kAdam) {
-    opt::AdamHyper& h = out->adam;
-    TF_RETURN_IF_ERROR(c->GetAttr("use_sum_inside_sqrt", &h.use_sum_inside_sqrt));
-    TF_RETURN_IF_ERROR(c->GetAttr("beta1", &h.beta1));
-    TF_RETURN_IF_ERROR(c->GetAttr("beta2", &h.beta2));
-    TF_RETURN_IF_ERROR(c->GetAttr("epsilon", &h.epsilon));
-  } else if (o == Opt::kFtrl) {
-    opt::FtrlHyper& h = out->ftrl;
-    TF_RETURN_IF_ERROR(c->GetAttr("multiply_linear_by_learning_rate", &h.multiply_linear_by_lr));
-    TF_RETURN_IF_ERROR(c->GetAttr("beta", &h.beta));
-    TF_RETURN_IF_ERROR(c->GetAttr("learning_rate_power", &h.lr_power));
-    TF_RETURN_IF_ERROR(c->GetAttr("l1_regularization_strength", &h.l1));
-    TF_RETURN_IF_ERROR(c->GetAttr("l2_regularization_strength", &h.l2));
-  }
-  return absl::OkStatus();
+  TF_RETURN_IF_ERROR(ReadAttrs(c, [&](auto&& visit) {
+    return sc_opt::VisitGradAttrs(o, &out->hyper, visit);
+  }));
+  return CheckNonzeroHypers(op, *out);
 }
 
 // ------------------------------------------------ user functions
@@ -262,7 +254,7 @@ class UserFunction {
   ::tensorflow::NameAttrList func_;
 };
 
-}  // namespace sc_util
+}  // namespace sc_kernels
 }  // namespace kernels
 }  // namespace tf_tpu_emb
 

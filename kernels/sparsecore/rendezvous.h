@@ -48,6 +48,7 @@
 
 namespace tf_tpu_emb {
 namespace kernels {
+namespace sc_kernels {
 
 // One replica's part in a meeting: its context, its continuation, the
 // status of its own input checks and what its kernel parsed (the kernel's
@@ -295,6 +296,7 @@ class ChipRendezvous {
   std::map<std::pair<std::string, int64_t>, std::shared_ptr<Meeting>> meetings_;
 };
 
+}  // namespace sc_kernels
 }  // namespace kernels
 }  // namespace tf_tpu_emb
 

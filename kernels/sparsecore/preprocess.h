@@ -1,5 +1,5 @@
 // What the SparseCore preprocessing kernels share
-// (kernels/sparsecore_coo_kernels.cc: §1-§2, kernels/sparsecore_csr_kernels.cc:
+// (kernels/sparsecore/coo_kernels.cc: §1-§2, kernels/sparsecore/csr_kernels.cc:
 // §3-§4, §8 of docs/sparsecore_semantics.md): the status helpers that stop a
 // Compute, the vector check and §2's sort and merge of COO tokens.
 #ifndef TF_TPU_EMB_KERNELS_SPARSECORE_PREPROCESS_H_
@@ -14,11 +14,11 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "kernels/sparsecore_kernel_util.h"
+#include "kernels/sparsecore/kernel_util.h"
 
 namespace tf_tpu_emb {
 namespace kernels {
-namespace sc_util {
+namespace sc_kernels {
 
 inline constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 
@@ -185,7 +185,7 @@ void SortAndMerge(const int32_t* rows, const int32_t* cols, const float* gains, 
   }
 }
 
-}  // namespace sc_util
+}  // namespace sc_kernels
 }  // namespace kernels
 }  // namespace tf_tpu_emb
 

@@ -14,15 +14,14 @@
 #include "absl/strings/str_cat.h"
 #include "core/sparsecore.h"
 #include "kernels/registration.h"
-#include "kernels/sparsecore_kernel_util.h"
+#include "kernels/sparsecore/kernel_util.h"
 
 namespace tf_tpu_emb {
 namespace kernels {
+namespace sc_kernels {
 namespace {
 
 namespace sc = ::tf_tpu_emb::sparsecore;
-using sc_util::CheckRank;
-using sc_util::Invalid;
 
 class CooMatmulOp : public OpKernel {
  public:
@@ -135,12 +134,13 @@ class CooMatmulOp : public OpKernel {
 };
 
 bool RegisterKernels() {
-  sc_util::RegisterBoth<CooMatmulOp>("XlaSparseDenseMatmul");
+  RegisterBoth<CooMatmulOp>("XlaSparseDenseMatmul");
   return true;
 }
 
 [[maybe_unused]] const bool kKernelsRegistered = RegisterKernels();
 
 }  // namespace
+}  // namespace sc_kernels
 }  // namespace kernels
 }  // namespace tf_tpu_emb

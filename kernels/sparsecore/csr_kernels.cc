@@ -21,20 +21,15 @@
 #include "absl/strings/str_cat.h"
 #include "core/sparsecore.h"
 #include "kernels/registration.h"
-#include "kernels/sparsecore_preprocess.h"
+#include "kernels/sparsecore/preprocess.h"
 #include "tensorflow/core/framework/tensor.h"
 
 namespace tf_tpu_emb {
 namespace kernels {
+namespace sc_kernels {
 namespace {
 
 namespace sc = ::tf_tpu_emb::sparsecore;
-using sc_util::Invalid;
-using sc_util::Kept;
-using sc_util::kInt32Max;
-using sc_util::RankOne;
-using sc_util::RegisterBoth;
-using sc_util::SortAndMerge;
 
 // ------------------------------------------------------------ §3 CSR buffers
 
@@ -589,5 +584,6 @@ bool RegisterKernels() {
 [[maybe_unused]] const bool kKernelsRegistered = RegisterKernels();
 
 }  // namespace
+}  // namespace sc_kernels
 }  // namespace kernels
 }  // namespace tf_tpu_emb

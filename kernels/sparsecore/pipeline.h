@@ -37,18 +37,17 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "kernels/sparsecore_chips.h"
+#include "kernels/sparsecore/chips.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 
 namespace tf_tpu_emb {
 namespace kernels {
-namespace sparsecore_pipeline {
+namespace sc_kernels {
 
 using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
-using sparsecore_chips::CsrId;
 
 // TF's node attr (tensorflow/python/tpu/tpu_embedding_v3.py
 // EmbeddingPipeliningContext): "forward" / "backward" when the op is
@@ -193,7 +192,7 @@ class LookupView {
   bool any_ = false;
 };
 
-}  // namespace sparsecore_pipeline
+}  // namespace sc_kernels
 }  // namespace kernels
 }  // namespace tf_tpu_emb
 

@@ -1,4 +1,4 @@
-// The gradient kernels' fast path (kernels/sparsecore_matmul_kernels.cc,
+// The gradient kernels' fast path (kernels/sparsecore/matmul_kernels.cc,
 // docs/sparsecore_semantics.md §6): each touched row's gradient summed in
 // buffer order and the optimizer applied to it in one pass over the CSR ids,
 // without a row -> sum map.
@@ -26,14 +26,13 @@
 
 #include "core/cpu_dispatch.h"
 #include "core/optimizers.h"
-#include "kernels/sparsecore_chips.h"
-#include "kernels/sparsecore_kernel_util.h"
+#include "kernels/sparsecore/chips.h"
+#include "kernels/sparsecore/kernel_util.h"
 
 namespace tf_tpu_emb {
 namespace kernels {
-namespace sc_runs {
+namespace sc_kernels {
 
-using sparsecore_chips::CsrId;
 
 // More runs than this (over all replicas) and the caller's general path is
 // cheaper than the k-way walk.
@@ -99,7 +98,7 @@ inline std::vector<int64_t> BalancedCuts(const std::vector<IdRun>& runs, int64_t
 // and clipping on the table `w[0]` and slots `w[1..slots]`.  Carries the
 // CPU dispatch of core/cpu_dispatch.h (Update is inlined into each clone).
 TF_TPU_EMB_CPU_DISPATCH
-void SumAndUpdateRows(const sc_util::SparseCoreOptimizer& opt, float* const* w, int slots,
+void SumAndUpdateRows(const SparseCoreOptimizer& opt, float* const* w, int slots,
                       const IdRun* runs, int num_runs, int64_t chip, int64_t lo, int64_t hi,
                       int64_t width, float lr, float* sum) {
   const CsrId* cur[kMaxRuns];
@@ -164,7 +163,7 @@ void SumAndUpdateRows(const sc_util::SparseCoreOptimizer& opt, float* const* w, 
 // dispatch of core/cpu_dispatch.h (Update is inlined into each clone), as
 // the engine's ApplyPartition does; the rows ahead are prefetched.
 TF_TPU_EMB_CPU_DISPATCH
-void UpdateRows(const sc_util::SparseCoreOptimizer& opt, float* const* w, int slots,
+void UpdateRows(const SparseCoreOptimizer& opt, float* const* w, int slots,
                 const int64_t* touched, const float* sums, int64_t width, float lr,
                 int64_t begin, int64_t end) {
   constexpr int64_t kAhead = 4;
@@ -186,7 +185,7 @@ void UpdateRows(const sc_util::SparseCoreOptimizer& opt, float* const* w, int sl
   }
 }
 
-}  // namespace sc_runs
+}  // namespace sc_kernels
 }  // namespace kernels
 }  // namespace tf_tpu_emb
 

@@ -7,7 +7,7 @@
 // sparse_core_xla_ops.cc).  Registered as TfTpuEmb>Name and under TF's name.
 //
 // On the stand-in SparseCore TPU of several chips the replicas' kernels of a
-// step meet (kernels/sparsecore_chips.h, semantics §10 "Multi-chip"): chip
+// step meet (kernels/sparsecore/chips.h, semantics §10 "Multi-chip"): chip
 // c's shard is updated with the ids of every replica's buffers that lie on
 // chip c -- a touched row's gradient is the sum over the global batch, in
 // replica order, each one's buffer order -- by the function of chip c's own
@@ -24,26 +24,17 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/registration.h"
-#include "kernels/sparsecore_chips.h"
-#include "kernels/sparsecore_kernel_util.h"
-#include "kernels/sparsecore_pipeline.h"
+#include "kernels/sparsecore/chips.h"
+#include "kernels/sparsecore/kernel_util.h"
+#include "kernels/sparsecore/pipeline.h"
 #include "tensorflow/core/framework/function.h"
 #include "tensorflow/core/framework/tensor.h"
 
 namespace tf_tpu_emb {
 namespace kernels {
+namespace sc_kernels {
 namespace {
 
-using sparsecore_chips::Chips;
-using sparsecore_chips::CheckRank;
-using sparsecore_chips::CsrId;
-using sparsecore_chips::Invalid;
-using sparsecore_chips::ReadChips;
-using sparsecore_chips::ReadCsr;
-using sparsecore_chips::RunOnChips;
-using sparsecore_chips::SameShards;
-using sc_util::CopyToOutput;
-using sc_util::ScalarValue;
 
 // One replica's checked inputs.
 struct CustomInput {
@@ -66,7 +57,7 @@ class CsrGradCustomOp : public AsyncOpKernel {
                     absl::StrCat(op_, ": only float32 tables are implemented on CPU")));
     OP_REQUIRES_OK(c, ReadChips(c, op_, &chips_));
     // Ours: no undo log for a user's optimizer (semantics "Pipelining").
-    OP_REQUIRES(c, !sparsecore_pipeline::Pipelined(c),
+    OP_REQUIRES(c, !Pipelined(c),
                 absl::UnimplementedError(absl::StrCat(
                     op_, ": pipeline_execution_with_tensor_core with a custom_computation "
                     "optimizer is not implemented on the CPU stand-in")));
@@ -240,5 +231,6 @@ bool RegisterKernels() {
 [[maybe_unused]] const bool kKernelsRegistered = RegisterKernels();
 
 }  // namespace
+}  // namespace sc_kernels
 }  // namespace kernels
 }  // namespace tf_tpu_emb
