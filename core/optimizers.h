@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/optimizer_params.gen.h"
+#include "core/row_updates.h"
 #include "tensorflow/core/protobuf/tpu/optimization_parameters.pb.h"
 
 namespace tf_tpu_emb {
@@ -105,28 +106,20 @@ inline float PowNeg(float x, float lr_power) {
 
 // The formulas: optimization_parameters.proto / TF's training_ops
 // (docs/tpu_embedding_semantics.md, section 5).
+// Sgd, Adagrad, AdagradMomentum, Adam and the SparseCore's FTRL are shared
+// with the JAX FFI library: their arithmetic is in core/row_updates.h.
 inline void StochasticGradientDescent(const RowArgs& a, const StochasticGradientDescentHyper&) {
-  for (int d = 0; d < a.dim; ++d) a.w[d] -= a.lr * a.g[d];
+  rows::Sgd(a.w, a.g, a.dim, a.lr);
 }
 
 inline void Adagrad(const RowArgs& a, const AdagradHyper&) {
-  float* acc = a.s[0];
-  for (int d = 0; d < a.dim; ++d) {
-    acc[d] += a.g[d] * a.g[d];
-    a.w[d] -= a.lr * a.g[d] / std::sqrt(acc[d]);
-  }
+  rows::Adagrad(a.w, a.s[0], a.g, a.dim, a.lr);
 }
 
 inline void AdagradMomentum(const RowArgs& a, const AdagradMomentumHyper& h) {
   const float exponent = h.exponent != 0 ? h.exponent : 2.0f;
-  float *acc = a.s[0], *m = a.s[1];
-  for (int d = 0; d < a.dim; ++d) {
-    const float g = a.g[d];
-    acc[d] = h.beta2 == 1.0f ? acc[d] + g * g : h.beta2 * acc[d] + (1 - h.beta2) * g * g;
-    const float scale = std::pow(acc[d] + h.epsilon, -1.0f / exponent);
-    m[d] = h.momentum * m[d] + scale * g;
-    a.w[d] -= a.lr * (h.use_nesterov ? h.momentum * m[d] + scale * g : m[d]);
-  }
+  rows::AdagradMomentum(a.w, a.s[0], a.s[1], a.g, a.dim, a.lr, h.momentum, h.use_nesterov,
+                        exponent, h.beta2, h.epsilon);
 }
 
 // Reconstruction (TF publishes only the parameters' meaning,
@@ -147,15 +140,8 @@ inline void BoundedAdagrad(const RowArgs& a, const BoundedAdagradHyper& h) {
 }
 
 inline void Adam(const RowArgs& a, const AdamHyper& h) {
-  float *m = a.s[0], *v = a.s[1];
-  for (int d = 0; d < a.dim; ++d) {
-    const float g = a.g[d];
-    m[d] = h.beta1 * m[d] + (1 - h.beta1) * g;
-    v[d] = h.beta2 * v[d] + (1 - h.beta2) * g * g;
-    const float denom = h.use_sum_inside_sqrt ? std::sqrt(v[d] + h.epsilon * h.epsilon)
-                                              : std::sqrt(v[d]) + h.epsilon;
-    a.w[d] -= a.lr * m[d] / denom;
-  }
+  rows::Adam(a.w, a.s[0], a.s[1], a.g, a.dim, a.lr, h.beta1, h.beta2, h.epsilon,
+             h.use_sum_inside_sqrt);
 }
 
 inline void Ftrl(const RowArgs& a, const FtrlHyper& h) {
@@ -187,29 +173,8 @@ inline void Ftrl(const RowArgs& a, const FtrlHyper& h) {
 // -linear' (not 0 - linear') where l1 is 0.  Not in the optimizer table (no
 // proto field of its own): the SparseCore kernels call it directly.
 inline void SparseCoreFtrl(const RowArgs& a, const FtrlHyper& h) {
-  const float l1 = h.l1, l2 = h.l2, lr = a.lr;
-  float *acc = a.s[0], *lin = a.s[1];
-  for (int d = 0; d < a.dim; ++d) {
-    const float g = a.g[d];
-    const float acc_new = acc[d] + g * g;
-    const float p_old = std::pow(acc[d], -h.lr_power);
-    const float p_new = std::pow(acc_new, -h.lr_power);
-    const float dp = p_new - p_old;
-    float lin_new, numer, denom;
-    if (h.multiply_linear_by_lr) {
-      lin_new = (lin[d] + lr * g) - dp * a.w[d];
-      const float bound = lr * l1;
-      numer = l1 == 0 ? -lin_new : std::min(std::max(lin_new, -bound), bound) - lin_new;
-      denom = (p_new + 2.0f * lr * l2) + h.beta;
-    } else {
-      lin_new = (lin[d] + g) - dp * a.w[d] / lr;
-      numer = l1 == 0 ? -lin_new : std::min(std::max(lin_new, -l1), l1) - lin_new;
-      denom = (p_new + h.beta) / lr + 2.0f * l2;
-    }
-    a.w[d] = numer / denom;
-    acc[d] = acc_new;
-    lin[d] = lin_new;
-  }
+  rows::SparseCoreFtrl(a.w, a.s[0], a.s[1], a.g, a.dim, a.lr, h.l1, h.l2, h.lr_power, h.beta,
+                       h.multiply_linear_by_lr);
 }
 
 inline void Momentum(const RowArgs& a, const MomentumHyper& h) {

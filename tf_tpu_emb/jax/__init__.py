@@ -1,0 +1,233 @@
+"""jax-tpu-embedding's SparseCore primitives on a CPU.
+
+    import tf_tpu_emb.jax
+    tf_tpu_emb.jax.install()
+
+After `install()`, a program written with jax-tpu-embedding 0.2.0 runs its
+jitted lookup (`embedding.tpu_sparse_dense_matmul`) and gradient + update
+(`embedding.tpu_sparse_dense_matmul_grad`) on CPU devices, unchanged: each
+primitive gets a CPU lowering rule (`mlir.register_lowering(...,
+platform="cpu")`, which takes precedence over the package's own rule, a
+custom call that exists only in the TPU runtime) that calls a typed XLA FFI
+handler of this project (jax_ffi/sparsecore_ffi.cc, built by `make
+jax-build`).  The layout they read and the arithmetic are in
+docs/sparsecore_semantics.md, "The JAX (jax-tpu-embedding) layout".
+
+Primitives with a CPU rule: `sparse_dense_matmul_csr` (the lookup, without
+minibatching) and the gradient + update with SGD and Adagrad (without
+minibatching).  A primitive not listed keeps the package's rule, which fails
+on a CPU with XLA's "No registered implementation" error.
+
+Several devices: under `jax.shard_map` over N CPU devices (each holding its
+table shard, as jax-tpu-embedding lays a table out over devices x
+SparseCores), the lookup rule gathers the table's shards from every device
+and the update rule gathers every device's CSR buffers and activation
+gradients, so each device computes what its SparseCores compute on a TPU,
+where the SparseCores exchange ids and gradients themselves.
+
+Nothing here imports TensorFlow.
+"""
+
+import ctypes
+import functools
+import os
+from typing import Optional, Sequence, Tuple
+
+import numpy as np
+
+_LIB_NAME = "_sparsecore_ffi.so"
+LOOKUP_TARGET = "tf_tpu_emb_sparsecore_lookup"
+GRAD_TARGET = "tf_tpu_emb_sparsecore_grad"
+
+_installed = False
+
+
+def library_path() -> str:
+  """Where `make jax-build` puts the FFI library."""
+  return os.path.join(os.path.dirname(os.path.abspath(__file__)), _LIB_NAME)
+
+
+def _load_library() -> ctypes.CDLL:
+  path = library_path()
+  if not os.path.exists(path):
+    raise FileNotFoundError(
+        f"{path} is missing: build it with `make jax-build` (or "
+        "`.venv-jax/bin/python jax_ffi/build.py`)")
+  return ctypes.cdll.LoadLibrary(path)
+
+
+def _num_sc_per_device(rp_size: int, devices: int) -> int:
+  """The SparseCores per device that jax-tpu-embedding's preprocessing used.
+
+  Its row-pointer buffer holds, per device, one group of
+  RoundUp(devices * num_sc, 8) entries for each of its num_sc SparseCores
+  (docs/sparsecore_semantics.md, "The JAX (jax-tpu-embedding) layout");
+  that size determines num_sc.
+  """
+  for num_sc in range(1, 257):
+    group = -(-devices * num_sc // 8) * 8
+    if num_sc * group == rp_size:
+      return num_sc
+    if num_sc * group > rp_size:
+      break
+  raise ValueError(
+      f"lhs_row_pointers: {rp_size} entries a device is not num_sc * "
+      f"RoundUp({devices} devices * num_sc, 8) for any SparseCore count "
+      "num_sc: not a buffer of jax-tpu-embedding's preprocessing for this mesh")
+
+
+def _manual_axes(ctx) -> Tuple[Tuple[str, ...], int]:
+  """The mesh axes a shard_map made manual around this primitive, and the
+  number of devices over them (1, () outside shard_map)."""
+  from jax._src import sharding_impls  # the lowering context's types
+  axis_ctx = ctx.module_context.axis_context
+  if isinstance(axis_ctx, sharding_impls.SPMDAxisContext):
+    mesh = axis_ctx.mesh
+    axes = tuple(a for a in mesh.axis_names if a in axis_ctx.manual_axes)
+    n = int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
+    return axes, n
+  if isinstance(axis_ctx, sharding_impls.ShardingContext):
+    if axis_ctx.num_devices > 1:
+      raise NotImplementedError(
+          "jax-tpu-embedding's SparseCore primitives on CPU devices run under "
+          "jax.shard_map (as the package's examples call them); this one was "
+          f"lowered for {axis_ctx.num_devices} devices without it")
+    return (), 1
+  raise NotImplementedError(
+      f"SparseCore primitive lowered in a {type(axis_ctx).__name__}: only "
+      "jax.jit and jax.shard_map are supported on CPU")
+
+
+def _lower_with_axes(ctx, axes, n, fn, *args, multiple_results):
+  """Lowers fn(*args) in ctx, with the manual mesh axes bound so that fn's
+  collectives over them trace."""
+  from jax._src import core as jax_core
+  from jax.interpreters import mlir
+  lowered = mlir.lower_fun(fn, multiple_results=multiple_results)
+  if not axes:
+    return lowered(ctx, *args)
+  mesh = ctx.module_context.axis_context.mesh
+  with jax_core.extend_axis_env_nd([(a, mesh.shape[a]) for a in axes]):
+    return lowered(ctx, *args)
+
+
+def _check_supported(name: str, enable_minibatching: bool,
+                     quantization_config=None):
+  if enable_minibatching:
+    raise NotImplementedError(
+        f"{name}: enable_minibatching=True is not supported on CPU yet")
+  if quantization_config is not None:
+    raise NotImplementedError(
+        f"{name}: quantization_config is not supported on CPU (the "
+        "SparseCore's quantized arithmetic is not published)")
+
+
+def _lookup_rule(ctx, row_pointers, embedding_ids, sample_ids, gains,
+                 num_minibatches, table, *, device_batch_size,
+                 max_ids_per_partition, max_unique_ids_per_partition,
+                 sharding_strategy=1, quantization_config=None,
+                 enable_minibatching=False):
+  import jax
+  del max_ids_per_partition, max_unique_ids_per_partition
+  _check_supported("sparse_dense_matmul_csr", enable_minibatching,
+                   quantization_config)
+  if sharding_strategy != 1:
+    raise NotImplementedError("sharding_strategy: only MOD (1) is supported")
+  axes, n = _manual_axes(ctx)
+  num_sc = _num_sc_per_device(ctx.avals_in[0].shape[0], n)
+  (out_aval,) = ctx.avals_out
+
+  def lookup(rp, ids, samples, g, _, tbl):  # the primitive's operands
+    if axes:  # every device's shards, in global SparseCore order
+      tbl = jax.lax.all_gather(tbl, axes, axis=0, tiled=True)
+    return jax.ffi.ffi_call(
+        LOOKUP_TARGET, jax.ShapeDtypeStruct(out_aval.shape, np.float32))(
+            rp, ids, samples, g, tbl, num_sc_per_device=np.int64(num_sc),
+            num_devices=np.int64(n))
+
+  return _lower_with_axes(ctx, axes, n, lookup, row_pointers, embedding_ids,
+                          sample_ids, gains, num_minibatches, table,
+                          multiple_results=False)
+
+
+def _grad_rule(optimizer: str, num_slots: int, ctx, row_pointers,
+               embedding_ids, sample_ids, gains, num_minibatches, *rest,
+               max_ids_per_partition, max_unique_ids_per_partition,
+               computation_name="", sharding_strategy=1,
+               enable_minibatching=False, min_value=None, max_value=None):
+  """The rule of sparse_dense_matmul_grad_with_<optimizer>; operands after
+  the CSR buffers: the table, its `num_slots` slots, the activation
+  gradients, the hyper-parameters (the package's bind order)."""
+  import jax
+  del max_ids_per_partition, max_unique_ids_per_partition, computation_name
+  _check_supported(f"sparse_dense_matmul_grad_with_{optimizer}",
+                   enable_minibatching)
+  if sharding_strategy != 1:
+    raise NotImplementedError("sharding_strategy: only MOD (1) is supported")
+  nvars = 1 + num_slots
+  axes, n = _manual_axes(ctx)
+  num_sc = _num_sc_per_device(ctx.avals_in[0].shape[0], n)
+  var_avals = ctx.avals_in[5:5 + nvars]
+
+  def grad(rp, ids, samples, g, _, *rest):  # the primitive's operands
+    vs, agrad = rest[:nvars], rest[nvars]
+    hs = [jax.numpy.asarray(h, np.float32).reshape(()) for h in rest[nvars + 1:]]
+    if axes:  # every device's ids and gradients; this device's shards
+      rp, ids, samples, g, agrad = (
+          jax.lax.all_gather(x, axes, axis=0, tiled=True)
+          for x in (rp, ids, samples, g, agrad))
+      offset = (jax.lax.axis_index(axes) * num_sc).astype(np.int32)
+    else:
+      offset = jax.numpy.zeros((), np.int32)
+    outs = jax.ffi.ffi_call(
+        GRAD_TARGET,
+        [jax.ShapeDtypeStruct(a.shape, np.float32) for a in var_avals],
+        input_output_aliases={6 + i: i for i in range(nvars)})(
+            rp, ids, samples, g, agrad, offset, *vs, *hs,
+            optimizer=optimizer, num_sc_per_device=np.int64(num_sc),
+            num_devices=np.int64(n), sources=np.int64(n),
+            clip_min=min_value is not None,
+            min_value=np.float32(0 if min_value is None else min_value),
+            clip_max=max_value is not None,
+            max_value=np.float32(0 if max_value is None else max_value))
+    return list(outs)
+
+  return _lower_with_axes(ctx, axes, n, grad, row_pointers, embedding_ids,
+                          sample_ids, gains, num_minibatches, *rest,
+                          multiple_results=True)
+
+
+# (module, primitive attribute, optimizer name in the FFI library, slots)
+_GRAD_PRIMITIVES = (
+    ("sparse_dense_matmul_grad_with_sgd",
+     "tpu_sparse_dense_matmul_grad_with_sgd_primitive", "sgd", 0),
+    ("sparse_dense_matmul_grad_with_adagrad",
+     "tpu_sparse_dense_matmul_grad_with_adagrad_primitive", "adagrad", 1),
+)
+
+
+def install() -> None:
+  """Registers the FFI handlers and the CPU lowering rules (idempotent)."""
+  global _installed
+  if _installed:
+    return
+  import importlib
+
+  import jax
+  from jax.interpreters import mlir
+
+  lib = _load_library()
+  jax.ffi.register_ffi_target(
+      LOOKUP_TARGET, jax.ffi.pycapsule(lib.TfTpuEmbScLookup), platform="cpu")
+  jax.ffi.register_ffi_target(
+      GRAD_TARGET, jax.ffi.pycapsule(lib.TfTpuEmbScGrad), platform="cpu")
+
+  prims = "jax_tpu_embedding.sparsecore.lib.core.primitives."
+  csr = importlib.import_module(prims + "sparse_dense_matmul_csr")
+  mlir.register_lowering(csr.tpu_sparse_dense_matmul_csr_primitive,
+                         _lookup_rule, platform="cpu")
+  for module, attr, name, slots in _GRAD_PRIMITIVES:
+    prim = getattr(importlib.import_module(prims + module), attr)
+    mlir.register_lowering(prim, functools.partial(_grad_rule, name, slots),
+                           platform="cpu")
+  _installed = True
