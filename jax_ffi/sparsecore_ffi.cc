@@ -105,8 +105,13 @@ struct CsrWalk {
                            " is past the SparseCore's slice of " + Str(slice) + " ids");
           }
           const int64_t start = RoundUp(prev, kAlign);
+          if (end > prev && end < start) {
+            return Invalid("lhs_row_pointers[" + Str(rp0 + j) + "] = " + Str(end) +
+                           " ends inside the alignment after the previous end " + Str(prev) +
+                           " (a segment starts at a multiple of 8)");
+          }
           prev = end;
-          if (end <= start) continue;  // empty segment (or only the alignment)
+          if (end <= start) continue;  // empty segment
           if (j >= global_sc) {
             return Invalid("lhs_row_pointers[" + Str(rp0 + j) + "]: padding entry " + Str(j) +
                            " holds ids (only " + Str(global_sc) + " shards)");
