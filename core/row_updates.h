@@ -62,9 +62,11 @@ inline void Adam(float* w, float* m, float* v, const float* g, int dim, float lr
 
 // The SparseCore's FTRL (docs/sparsecore_semantics.md §6): generic pow,
 // (linear + lr*g) - dp*w, (p + 2*lr*l2) + beta, and -linear' where l1 is 0.
+// Without multiply_linear_by_lr TF's builder takes (linear + g) - dp*w/lr;
+// jax-tpu-embedding's (dp_over_lr_first) (linear + g) - (dp/lr)*w.
 inline void SparseCoreFtrl(float* w, float* acc, float* lin, const float* g, int dim, float lr,
                            float l1, float l2, float lr_power, float beta,
-                           bool multiply_linear_by_lr) {
+                           bool multiply_linear_by_lr, bool dp_over_lr_first = false) {
   for (int d = 0; d < dim; ++d) {
     const float gd = g[d];
     const float acc_new = acc[d] + gd * gd;
@@ -78,13 +80,56 @@ inline void SparseCoreFtrl(float* w, float* acc, float* lin, const float* g, int
       numer = l1 == 0 ? -lin_new : std::min(std::max(lin_new, -bound), bound) - lin_new;
       denom = (p_new + 2.0f * lr * l2) + beta;
     } else {
-      lin_new = (lin[d] + gd) - dp * w[d] / lr;
+      lin_new = dp_over_lr_first ? (lin[d] + gd) - (dp / lr) * w[d] : (lin[d] + gd) - dp * w[d] / lr;
       numer = l1 == 0 ? -lin_new : std::min(std::max(lin_new, -l1), l1) - lin_new;
       denom = (p_new + beta) / lr + 2.0f * l2;
     }
     w[d] = numer / denom;
     acc[d] = acc_new;
     lin[d] = lin_new;
+  }
+}
+
+// jax-tpu-embedding's Adam (its optimizer computation): the moments in the
+// delta form m += (1-beta1)*(g - m), v += (1-beta2)*(g*g - v), and
+// w -= alpha_t * m / (sqrt(v) + epsilon_hat), where the caller's alpha_t and
+// epsilon_hat carry the bias correction (the package's hyper-parameters).
+inline void AdamDeltaForm(float* w, float* m, float* v, const float* g, int dim, float alpha_t,
+                          float beta1, float beta2, float epsilon_hat) {
+  for (int d = 0; d < dim; ++d) {
+    const float gd = g[d];
+    m[d] = m[d] + (1.0f - beta1) * (gd - m[d]);
+    v[d] = v[d] + (1.0f - beta2) * (gd * gd - v[d]);
+    w[d] -= alpha_t * m[d] / (std::sqrt(v[d]) + epsilon_hat);
+  }
+}
+
+// LaProp (jax-tpu-embedding's): nu = decay*nu + (1-decay)*(g*g + eps);
+// mu = b1*mu + pow(1 - pow(b1, 2), 0.5) * g / sqrt(nu); w -= lr * mu.
+inline void LaProp(float* w, float* mu, float* nu, const float* g, int dim, float lr, float b1,
+                   float decay, float eps) {
+  const float scale = std::pow(1.0f - std::pow(b1, 2.0f), 0.5f);
+  for (int d = 0; d < dim; ++d) {
+    const float gd = g[d];
+    nu[d] = nu[d] * decay + (1.0f - decay) * (gd * gd + eps);
+    mu[d] = b1 * mu[d] + scale * (gd / std::sqrt(nu[d]));
+    w[d] -= lr * mu[d];
+  }
+}
+
+// Frequency-aware Adagrad (jax-tpu-embedding's F2A): local_step += 1;
+// f = min(pow(max(global_step, 1) / local_step, rho), max_lr_multiplier);
+// acc += g*g; w -= lr * (g*f / sqrt(acc) + (l1*sign(w) + l2*w)).
+inline void F2A(float* w, float* acc, float* local_step, const float* g, int dim, float lr,
+                float rho, float l1, float l2, float max_lr_multiplier, float global_step) {
+  for (int d = 0; d < dim; ++d) {
+    const float gd = g[d];
+    local_step[d] += 1.0f;
+    const float f = std::min(std::pow(std::max(global_step, 1.0f) / local_step[d], rho),
+                             max_lr_multiplier);
+    acc[d] += gd * gd;
+    const float sign = static_cast<float>((w[d] > 0) - (w[d] < 0));
+    w[d] -= lr * ((gd * f) / std::sqrt(acc[d]) + (l1 * sign + l2 * w[d]));
   }
 }
 

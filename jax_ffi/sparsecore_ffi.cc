@@ -218,9 +218,16 @@ struct Optimizer {
   int hypers;  // scalar operands, learning rate first
 };
 
+// The hyper-parameter operands in the package's order (its OptimizerSpec's
+// get_hyperparameters); a boolean one arrives as 0 or 1.
 constexpr Optimizer kOptimizers[] = {
-    {"sgd", 0, 1},
-    {"adagrad", 1, 1},
+    {"sgd", 0, 1},               // learning_rate
+    {"adagrad", 1, 1},           // learning_rate
+    {"adam", 2, 4},              // alpha_t, beta_1, beta_2, epsilon_hat
+    {"ftrl", 2, 5},              // learning_rate, learning_rate_power, l1, l2, beta
+    {"adagrad_momentum", 2, 6},  // learning_rate, momentum, beta2, epsilon, exponent, nesterov
+    {"laprop", 2, 4},            // learning_rate, b1, decay_rate, eps
+    {"f2a", 2, 6},               // learning_rate, rho, l1, l2, max_lr_multiplier, global_step
 };
 
 // The gradient and update (sparse_dense_matmul_grad_with_<optimizer>): the
@@ -237,7 +244,7 @@ ffi::Error GradImpl(ffi::Buffer<ffi::S32> rp, ffi::Buffer<ffi::S32> ids,
                     ffi::Buffer<ffi::F32> act_grad, ffi::Buffer<ffi::S32> shard_offset,
                     ffi::RemainingArgs args, ffi::RemainingRets rets, std::string_view optimizer,
                     int64_t num_sc, int64_t num_devices, int64_t sources, bool clip_min,
-                    float min_value, bool clip_max, float max_value) {
+                    float min_value, bool clip_max, float max_value, bool multiply_linear_by_lr) {
   if (ffi::Error e = CheckCommon(rp, ids, samples, gains, num_sc, num_devices); e.failure()) {
     return e;
   }
@@ -346,10 +353,23 @@ ffi::Error GradImpl(ffi::Buffer<ffi::S32> rp, ffi::Buffer<ffi::S32> ids,
     const int64_t off = touched[k] * width;
     float* w = out[0] + off;
     const float* gr = grad.data() + k * width;
+    const std::vector<float>& h = hyper;
     if (opt->name == "sgd") {
       rows::Sgd(w, gr, dim, lr);
     } else if (opt->name == "adagrad") {
       rows::Adagrad(w, out[1] + off, gr, dim, lr);
+    } else if (opt->name == "adam") {
+      rows::AdamDeltaForm(w, out[1] + off, out[2] + off, gr, dim, h[0], h[1], h[2], h[3]);
+    } else if (opt->name == "ftrl") {
+      rows::SparseCoreFtrl(w, out[1] + off, out[2] + off, gr, dim, lr, h[2], h[3], h[1], h[4],
+                           multiply_linear_by_lr, /*dp_over_lr_first=*/true);
+    } else if (opt->name == "adagrad_momentum") {
+      rows::AdagradMomentum(w, out[1] + off, out[2] + off, gr, dim, lr, h[1], h[5] != 0.0f, h[4],
+                            h[2], h[3]);
+    } else if (opt->name == "laprop") {
+      rows::LaProp(w, out[1] + off, out[2] + off, gr, dim, lr, h[1], h[2], h[3]);
+    } else if (opt->name == "f2a") {
+      rows::F2A(w, out[1] + off, out[2] + off, gr, dim, lr, h[1], h[2], h[3], h[4], h[5]);
     }
     for (int d = 0; d < dim; ++d) {
       if (clip_min && w[d] < min_value) w[d] = min_value;
@@ -391,4 +411,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TfTpuEmbScGrad, tf_tpu_emb::jax_sc::GradImpl,
                                   .Attr<bool>("clip_min")
                                   .Attr<float>("min_value")
                                   .Attr<bool>("clip_max")
-                                  .Attr<float>("max_value"));
+                                  .Attr<float>("max_value")
+                                  .Attr<bool>("multiply_linear_by_lr"));

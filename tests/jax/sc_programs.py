@@ -89,10 +89,19 @@ class Program:
 
   @functools.cached_property
   def update(self):
+    """update(grads, inputs, variables, step=0): the step is an operand
+    (replicated), as a training loop passes it for step-dependent
+    hyper-parameters (Adam's bias correction, LaProp's decay, F2A's step)."""
     limits = None if self.limits is None else {self.stack: self.limits}
-    fn = functools.partial(
-        embedding.tpu_sparse_dense_matmul_grad, feature_specs=self.feature_specs,
-        global_device_count=self.devices, num_sc_per_device=self.num_sc,
-        embedding_var_limits=limits)
-    return jax.jit(jax.shard_map(fn, mesh=self.mesh, in_specs=(P("x"), P("x"), P("x")),
-                                 out_specs=P("x"), check_vma=False))
+
+    def fn(grads, inputs, variables, step):
+      return embedding.tpu_sparse_dense_matmul_grad(
+          grads, inputs, variables, feature_specs=self.feature_specs,
+          global_device_count=self.devices, num_sc_per_device=self.num_sc,
+          embedding_var_limits=limits, step=step)
+
+    jitted = jax.jit(jax.shard_map(fn, mesh=self.mesh,
+                                   in_specs=(P("x"), P("x"), P("x"), P()),
+                                   out_specs=P("x"), check_vma=False))
+    return lambda grads, inputs, variables, step=0: jitted(
+        grads, inputs, variables, np.int32(step))

@@ -67,7 +67,8 @@ def run_grad(b, variables, hypers, agrad=None, optimizer="sgd", offset=0, source
   return call(b["rp"], b["ids"], b["samples"], b["gains"], agrad, np.int32(offset),
               *variables, *hypers, optimizer=optimizer, num_sc_per_device=np.int64(NUM_SC),
               num_devices=np.int64(1), sources=np.int64(sources), clip_min=False,
-              min_value=np.float32(0), clip_max=False, max_value=np.float32(0))
+              min_value=np.float32(0), clip_max=False, max_value=np.float32(0),
+              multiply_linear_by_lr=False)
 
 
 def test_valid_buffers_give_the_hand_computed_activations_and_update():

@@ -13,10 +13,14 @@ handler of this project (jax_ffi/sparsecore_ffi.cc, built by `make
 jax-build`).  The layout they read and the arithmetic are in
 docs/sparsecore_semantics.md, "The JAX (jax-tpu-embedding) layout".
 
-Primitives with a CPU rule: `sparse_dense_matmul_csr` (the lookup, without
-minibatching) and the gradient + update with SGD and Adagrad (without
-minibatching).  A primitive not listed keeps the package's rule, which fails
-on a CPU with XLA's "No registered implementation" error.
+Primitives with a CPU rule: `sparse_dense_matmul_csr` (the lookup) and
+`sparse_dense_matmul_grad_with_<optimizer>` (the gradient + update) for SGD,
+Adagrad, Adam, FTRL, AdagradMomentum, LaProp and F2A, all without
+minibatching (`enable_minibatching=True` and quantization are refused at
+lowering with NotImplementedError).  A primitive not listed
+(`sparse_dense_matmul_optimizer_grad`, the custom optimizer;
+`gradient_stack`, `activation_unstack`) keeps the package's rule, which
+fails on a CPU with XLA's "No registered implementation" error.
 
 Several devices: under `jax.shard_map` over N CPU devices (each holding its
 table shard, as jax-tpu-embedding lays a table out over devices x
@@ -150,14 +154,15 @@ def _lookup_rule(ctx, row_pointers, embedding_ids, sample_ids, gains,
                           multiple_results=False)
 
 
-def _grad_rule(optimizer: str, num_slots: int, ctx, row_pointers,
-               embedding_ids, sample_ids, gains, num_minibatches, *rest,
-               max_ids_per_partition, max_unique_ids_per_partition,
+def _grad_rule(optimizer: str, num_slots: int, num_hypers: int, ctx,
+               row_pointers, embedding_ids, sample_ids, gains, num_minibatches,
+               *rest, max_ids_per_partition, max_unique_ids_per_partition,
                computation_name="", sharding_strategy=1,
-               enable_minibatching=False, min_value=None, max_value=None):
+               enable_minibatching=False, min_value=None, max_value=None,
+               multiply_linear_by_learning_rate=False):
   """The rule of sparse_dense_matmul_grad_with_<optimizer>; operands after
   the CSR buffers: the table, its `num_slots` slots, the activation
-  gradients, the hyper-parameters (the package's bind order)."""
+  gradients, the `num_hypers` hyper-parameters (the package's bind order)."""
   import jax
   del max_ids_per_partition, max_unique_ids_per_partition, computation_name
   _check_supported(f"sparse_dense_matmul_grad_with_{optimizer}",
@@ -171,7 +176,8 @@ def _grad_rule(optimizer: str, num_slots: int, ctx, row_pointers,
 
   def grad(rp, ids, samples, g, _, *rest):  # the primitive's operands
     vs, agrad = rest[:nvars], rest[nvars]
-    hs = [jax.numpy.asarray(h, np.float32).reshape(()) for h in rest[nvars + 1:]]
+    hs = [jax.numpy.asarray(h, np.float32).reshape(())
+          for h in rest[nvars + 1:nvars + 1 + num_hypers]]
     if axes:  # every device's ids and gradients; this device's shards
       rp, ids, samples, g, agrad = (
           jax.lax.all_gather(x, axes, axis=0, tiled=True)
@@ -189,7 +195,8 @@ def _grad_rule(optimizer: str, num_slots: int, ctx, row_pointers,
             clip_min=min_value is not None,
             min_value=np.float32(0 if min_value is None else min_value),
             clip_max=max_value is not None,
-            max_value=np.float32(0 if max_value is None else max_value))
+            max_value=np.float32(0 if max_value is None else max_value),
+            multiply_linear_by_lr=bool(multiply_linear_by_learning_rate))
     return list(outs)
 
   return _lower_with_axes(ctx, axes, n, grad, row_pointers, embedding_ids,
@@ -197,12 +204,16 @@ def _grad_rule(optimizer: str, num_slots: int, ctx, row_pointers,
                           multiple_results=True)
 
 
-# (module, primitive attribute, optimizer name in the FFI library, slots)
+# Optimizer (the FFI library's name; the primitive is
+# sparse_dense_matmul_grad_with_<name>), its slots, its hyper-parameters.
 _GRAD_PRIMITIVES = (
-    ("sparse_dense_matmul_grad_with_sgd",
-     "tpu_sparse_dense_matmul_grad_with_sgd_primitive", "sgd", 0),
-    ("sparse_dense_matmul_grad_with_adagrad",
-     "tpu_sparse_dense_matmul_grad_with_adagrad_primitive", "adagrad", 1),
+    ("sgd", 0, 1),
+    ("adagrad", 1, 1),
+    ("adam", 2, 4),
+    ("ftrl", 2, 5),
+    ("adagrad_momentum", 2, 6),
+    ("laprop", 2, 4),
+    ("f2a", 2, 6),
 )
 
 
@@ -226,8 +237,9 @@ def install() -> None:
   csr = importlib.import_module(prims + "sparse_dense_matmul_csr")
   mlir.register_lowering(csr.tpu_sparse_dense_matmul_csr_primitive,
                          _lookup_rule, platform="cpu")
-  for module, attr, name, slots in _GRAD_PRIMITIVES:
-    prim = getattr(importlib.import_module(prims + module), attr)
-    mlir.register_lowering(prim, functools.partial(_grad_rule, name, slots),
-                           platform="cpu")
+  for name, slots, hypers in _GRAD_PRIMITIVES:
+    module = importlib.import_module(prims + "sparse_dense_matmul_grad_with_" + name)
+    prim = getattr(module, f"tpu_sparse_dense_matmul_grad_with_{name}_primitive")
+    mlir.register_lowering(
+        prim, functools.partial(_grad_rule, name, slots, hypers), platform="cpu")
   _installed = True
