@@ -14,7 +14,7 @@ from jax_tpu_embedding.sparsecore.lib.nn import embedding_spec  # noqa: E402
 pytestmark = pytest.mark.jax
 
 
-@pytest.mark.parametrize("devices,num_sc", [(1, 2), (1, 4), (2, 2), (2, 4), (4, 2), (4, 4)])
+@pytest.mark.parametrize("devices,num_sc", [(1, 2), (1, 4), (2, 2), (2, 4), (4, 2), (4, 4), (8, 2)])
 @pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
 def test_lookup_matches_numpy(devices, num_sc, combiner):
   rng = np.random.default_rng(devices * 100 + num_sc)

@@ -15,7 +15,7 @@ from jax_tpu_embedding.sparsecore.lib.nn import embedding_spec  # noqa: E402
 pytestmark = pytest.mark.jax
 
 LR = 0.05
-CASES = [(1, 2), (1, 4), (2, 2), (4, 2), (2, 4)]
+CASES = [(1, 2), (1, 4), (2, 2), (4, 2), (2, 4), (8, 2)]
 
 
 def _steps(prog, optimizer, rng, steps, combiner, init_acc=None):
