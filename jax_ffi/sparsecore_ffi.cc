@@ -46,13 +46,19 @@ struct Id {
 // The CSR buffers of `sources` devices concatenated (the lookup reads its
 // own device's, sources = 1; the gradient reads every device's, gathered by
 // the lowering rule), as jax-tpu-embedding's preprocessing writes them
-// without minibatching: per source device, `num_sc` equal slices of the id
-// buffers, one a local SparseCore, and `num_sc` equal groups of row
-// pointers; group entry j < global_sc is the end (relative to the slice) of
-// the segment of global SparseCore j's shard, which starts at the previous
-// end rounded up to 8 (0 for the first); entries past global_sc are padding
-// and hold no ids.  Embedding ids are local to the shard (row id / global_sc),
-// sample ids local to the SparseCore (activation row sc * B + sample).
+// (docs/sparsecore_semantics.md §11.1).  Without minibatching: per source
+// device, `num_sc` equal slices of the id buffers, one a local SparseCore,
+// and `num_sc` equal groups of row pointers; group entry j < global_sc is the
+// end (relative to the slice) of the segment of global SparseCore j's shard,
+// which starts at the previous end rounded up to 8 (0 for the first);
+// entries past global_sc are padding and hold no ids.  With minibatching:
+// per source device one id buffer and, for each local SparseCore and each of
+// its M = num_minibatches[source] minibatches (SparseCore major), a group of
+// RoundUp(global_sc, 8) row pointers counted from the buffer's start, each
+// segment starting at the previous pointer rounded up to 8; the groups past
+// the M-th are not read.  Embedding ids are local to the shard (row id /
+// global_sc), sample ids local to the SparseCore (activation row sc * B +
+// sample).
 struct CsrWalk {
   const int32_t* row_pointers;
   int64_t row_pointers_size;
@@ -67,6 +73,7 @@ struct CsrWalk {
   int64_t shard_rows;     // R: rows of one shard
   int64_t first_shard;    // global SparseCore of the table operand's first shard
   int64_t table_shards;   // shards in the table operand
+  const int32_t* num_minibatches = nullptr;  // per source; null: no minibatching
 
   // Calls visit(const Id&) for each id in buffer order (source, local
   // SparseCore, segment, position).  Returns an error, naming the argument,
@@ -78,23 +85,40 @@ struct CsrWalk {
                      " entries is not a multiple of devices * SparseCores per device (" +
                      Str(sources) + " * " + Str(num_sc) + ")");
     }
-    if (ids_size % (sources * num_sc) != 0) {
+    const int64_t id_parts = num_minibatches != nullptr ? sources : sources * num_sc;
+    if (ids_size % id_parts != 0) {
       return Invalid("lhs_local_embedding_ids: " + Str(ids_size) +
-                     " entries is not a multiple of devices * SparseCores per device (" +
-                     Str(sources) + " * " + Str(num_sc) + ")");
+                     " entries is not a multiple of " + Str(id_parts) +
+                     " (devices, times SparseCores per device without minibatching)");
     }
-    const int64_t group = row_pointers_size / (sources * num_sc);
+    const bool minibatching = num_minibatches != nullptr;
+    const int64_t rp_per_src = row_pointers_size / sources;
+    const int64_t group =
+        minibatching ? RoundUp(global_sc, kAlign) : row_pointers_size / (sources * num_sc);
     if (group < global_sc) {
       return Invalid("lhs_row_pointers: " + Str(group) + " entries per SparseCore, fewer than the " +
                      Str(global_sc) + " SparseCores that shard the table");
     }
-    const int64_t slice = ids_size / (sources * num_sc);
+    const int64_t ids_per_src = ids_size / sources;
+    const int64_t slice = minibatching ? ids_per_src : ids_size / (sources * num_sc);
     for (int64_t src = 0; src < sources; ++src) {
+      int64_t groups_per_sc = 1;
+      if (minibatching) {
+        groups_per_sc = num_minibatches[src];
+        if (groups_per_sc < 1 || num_sc * groups_per_sc * group > rp_per_src) {
+          return Invalid("num_minibatches_per_physical_sparse_core: " + Str(groups_per_sc) +
+                         " (device " + Str(src) + ") is not in [1, " +
+                         Str(rp_per_src / (num_sc * group)) + "], the minibatches that " +
+                         Str(rp_per_src) + " row pointers hold");
+        }
+      }
+      int64_t prev = 0;  // with minibatching, pointers run on over the device's groups
       for (int64_t sc = 0; sc < num_sc; ++sc) {
-        const int64_t rp0 = (src * num_sc + sc) * group;
-        const int64_t base = (src * num_sc + sc) * slice;
-        int64_t prev = 0;
-        for (int64_t j = 0; j < group; ++j) {
+        const int64_t base = minibatching ? src * ids_per_src : (src * num_sc + sc) * slice;
+        if (!minibatching) prev = 0;
+        for (int64_t k = 0; k < groups_per_sc * group; ++k) {
+          const int64_t j = k % group;
+          const int64_t rp0 = src * rp_per_src + sc * groups_per_sc * group + (k - j);
           const int64_t end = row_pointers[rp0 + j];
           if (end < prev) {
             return Invalid("lhs_row_pointers[" + Str(rp0 + j) + "] = " + Str(end) +
@@ -176,8 +200,9 @@ ffi::Error CheckCommon(const ffi::Buffer<ffi::S32>& rp, const ffi::Buffer<ffi::S
 // global SparseCore order.
 ffi::Error LookupImpl(ffi::Buffer<ffi::S32> rp, ffi::Buffer<ffi::S32> ids,
                       ffi::Buffer<ffi::S32> samples, ffi::Buffer<ffi::F32> gains,
-                      ffi::Buffer<ffi::F32> table, ffi::ResultBuffer<ffi::F32> out,
-                      int64_t num_sc, int64_t num_devices) {
+                      ffi::Buffer<ffi::S32> num_minibatches, ffi::Buffer<ffi::F32> table,
+                      ffi::ResultBuffer<ffi::F32> out, int64_t num_sc, int64_t num_devices,
+                      bool minibatching) {
   if (ffi::Error e = CheckCommon(rp, ids, samples, gains, num_sc, num_devices); e.failure()) {
     return e;
   }
@@ -198,9 +223,13 @@ ffi::Error LookupImpl(ffi::Buffer<ffi::S32> rp, ffi::Buffer<ffi::S32> ids,
     return Invalid("device_batch_size: " + Str(batch) + " is not a multiple of " + Str(num_sc) +
                    " SparseCores per device");
   }
+  if (minibatching && Count(num_minibatches) != 1) {
+    return Invalid("num_minibatches_per_physical_sparse_core: not a scalar");
+  }
   CsrWalk walk{rp.typed_data(), Count(rp), ids.typed_data(), samples.typed_data(),
                gains.typed_data(), Count(ids), 1, num_sc, global_sc, batch / num_sc,
-               tdims[0] / global_sc, 0, global_sc};
+               tdims[0] / global_sc, 0, global_sc,
+               minibatching ? num_minibatches.typed_data() : nullptr};
   float* act = out->typed_data();
   std::memset(act, 0, sizeof(float) * batch * width);
   const float* t = table.typed_data();
@@ -241,10 +270,12 @@ constexpr Optimizer kOptimizers[] = {
 // hyper-parameters; the results the updated table and slots.
 ffi::Error GradImpl(ffi::Buffer<ffi::S32> rp, ffi::Buffer<ffi::S32> ids,
                     ffi::Buffer<ffi::S32> samples, ffi::Buffer<ffi::F32> gains,
-                    ffi::Buffer<ffi::F32> act_grad, ffi::Buffer<ffi::S32> shard_offset,
+                    ffi::Buffer<ffi::S32> num_minibatches, ffi::Buffer<ffi::F32> act_grad,
+                    ffi::Buffer<ffi::S32> shard_offset,
                     ffi::RemainingArgs args, ffi::RemainingRets rets, std::string_view optimizer,
                     int64_t num_sc, int64_t num_devices, int64_t sources, bool clip_min,
-                    float min_value, bool clip_max, float max_value, bool multiply_linear_by_lr) {
+                    float min_value, bool clip_max, float max_value, bool multiply_linear_by_lr,
+                    bool minibatching) {
   if (ffi::Error e = CheckCommon(rp, ids, samples, gains, num_sc, num_devices); e.failure()) {
     return e;
   }
@@ -319,10 +350,15 @@ ffi::Error GradImpl(ffi::Buffer<ffi::S32> rp, ffi::Buffer<ffi::S32> ids,
                    " SparseCores");
   }
   const int64_t shard_rows = tdims[0] / num_sc;
+  if (minibatching && Count(num_minibatches) != sources) {
+    return Invalid("num_minibatches_per_physical_sparse_core: " + Str(Count(num_minibatches)) +
+                   " entries, not one per device (" + Str(sources) + ")");
+  }
   CsrWalk walk{rp.typed_data(),      Count(rp),          ids.typed_data(),
                samples.typed_data(), gains.typed_data(), Count(ids),
                sources,              num_sc,             global_sc,
-               gdims[0] / (sources * num_sc), shard_rows, first, num_sc};
+               gdims[0] / (sources * num_sc), shard_rows, first, num_sc,
+               minibatching ? num_minibatches.typed_data() : nullptr};
 
   // Sum each touched row's gradient in buffer order; rows in first-touch order.
   const int64_t rows = tdims[0];
@@ -389,10 +425,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TfTpuEmbScLookup, tf_tpu_emb::jax_sc::LookupImpl,
                                   .Arg<ffi::Buffer<ffi::S32>>()  // lhs_local_embedding_ids
                                   .Arg<ffi::Buffer<ffi::S32>>()  // lhs_local_sample_ids
                                   .Arg<ffi::Buffer<ffi::F32>>()  // lhs_gains
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // num_minibatches
                                   .Arg<ffi::Buffer<ffi::F32>>()  // embedding_table (all shards)
                                   .Ret<ffi::Buffer<ffi::F32>>()  // activations
                                   .Attr<int64_t>("num_sc_per_device")
-                                  .Attr<int64_t>("num_devices"));
+                                  .Attr<int64_t>("num_devices")
+                                  .Attr<bool>("minibatching"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(TfTpuEmbScGrad, tf_tpu_emb::jax_sc::GradImpl,
                               ffi::Ffi::Bind()
@@ -400,6 +438,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TfTpuEmbScGrad, tf_tpu_emb::jax_sc::GradImpl,
                                   .Arg<ffi::Buffer<ffi::S32>>()  // lhs_local_embedding_ids
                                   .Arg<ffi::Buffer<ffi::S32>>()  // lhs_local_sample_ids
                                   .Arg<ffi::Buffer<ffi::F32>>()  // lhs_gains
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // num_minibatches (a device)
                                   .Arg<ffi::Buffer<ffi::F32>>()  // activations_grad
                                   .Arg<ffi::Buffer<ffi::S32>>()  // shard_offset
                                   .RemainingArgs()               // table, slots, hypers
@@ -412,4 +451,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TfTpuEmbScGrad, tf_tpu_emb::jax_sc::GradImpl,
                                   .Attr<float>("min_value")
                                   .Attr<bool>("clip_max")
                                   .Attr<float>("max_value")
-                                  .Attr<bool>("multiply_linear_by_lr"));
+                                  .Attr<bool>("multiply_linear_by_lr")
+                                  .Attr<bool>("minibatching"));

@@ -33,15 +33,16 @@ class Program:
   """One table of `vocab` x `dim` and `len(features)` features on it."""
 
   def __init__(self, devices, num_sc, vocab, dim, optimizer, batch,
-               combiner="sum", features=1, limits=None):
+               combiner="sum", features=1, limits=None, minibatching=False,
+               max_ids_per_partition=256):
     self.devices, self.num_sc, self.vocab, self.dim = devices, num_sc, vocab, dim
     self.batch, self.mesh = batch, mesh(devices)
-    self.limits = limits
+    self.limits, self.minibatching = limits, minibatching
     table = embedding_spec.TableSpec(
         vocabulary_size=vocab, embedding_dim=dim,
         initializer=jax.nn.initializers.zeros, optimizer=optimizer,
-        combiner=combiner, name="table", max_ids_per_partition=256,
-        max_unique_ids_per_partition=256)
+        combiner=combiner, name="table", max_ids_per_partition=max_ids_per_partition,
+        max_unique_ids_per_partition=max_ids_per_partition)
     self.feature_specs = {
         f"f{k}": embedding_spec.FeatureSpec(
             table_spec=table, input_shape=(batch, 1),
@@ -60,7 +61,8 @@ class Program:
     """ids/weights: {feature: ragged arrays}."""
     out, _ = embedding.preprocess_sparse_dense_matmul_input(
         ids, weights, self.feature_specs, local_device_count=self.devices,
-        global_device_count=self.devices, num_sc_per_device=self.num_sc)
+        global_device_count=self.devices, num_sc_per_device=self.num_sc,
+        enable_minibatching=self.minibatching)
     return out
 
   def shard(self, logical: np.ndarray) -> jax.Array:
@@ -83,7 +85,8 @@ class Program:
   def lookup(self):
     fn = functools.partial(
         embedding.tpu_sparse_dense_matmul, global_device_count=self.devices,
-        feature_specs=self.feature_specs, num_sc_per_device=self.num_sc)
+        feature_specs=self.feature_specs, num_sc_per_device=self.num_sc,
+        enable_minibatching=self.minibatching)
     return jax.jit(jax.shard_map(fn, mesh=self.mesh, in_specs=(P("x"), P("x")),
                                  out_specs=P("x"), check_vma=False))
 
@@ -98,7 +101,7 @@ class Program:
       return embedding.tpu_sparse_dense_matmul_grad(
           grads, inputs, variables, feature_specs=self.feature_specs,
           global_device_count=self.devices, num_sc_per_device=self.num_sc,
-          embedding_var_limits=limits, step=step)
+          embedding_var_limits=limits, step=step, enable_minibatching=self.minibatching)
 
     jitted = jax.jit(jax.shard_map(fn, mesh=self.mesh,
                                    in_specs=(P("x"), P("x"), P("x"), P()),

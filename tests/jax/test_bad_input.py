@@ -52,23 +52,26 @@ def expected_activations():
   return act
 
 
-def run_lookup(b, tbl=None, batch=BATCH, num_sc=NUM_SC):
+def run_lookup(b, tbl=None, batch=BATCH, num_sc=NUM_SC, minibatches=None):
   tbl = table() if tbl is None else tbl
   call = jax.ffi.ffi_call(tj.LOOKUP_TARGET,
                           jax.ShapeDtypeStruct((batch, tbl.shape[1]), np.float32))
-  return np.asarray(call(b["rp"], b["ids"], b["samples"], b["gains"], tbl,
-                         num_sc_per_device=np.int64(num_sc), num_devices=np.int64(1)))
+  nmb = np.array([1 if minibatches is None else minibatches], np.int32)
+  return np.asarray(call(b["rp"], b["ids"], b["samples"], b["gains"], nmb, tbl,
+                         num_sc_per_device=np.int64(num_sc), num_devices=np.int64(1),
+                         minibatching=minibatches is not None))
 
 
 def run_grad(b, variables, hypers, agrad=None, optimizer="sgd", offset=0, sources=1):
   agrad = np.ones((BATCH, DIM), np.float32) if agrad is None else agrad
   call = jax.ffi.ffi_call(tj.GRAD_TARGET,
                           [jax.ShapeDtypeStruct(v.shape, np.float32) for v in variables])
-  return call(b["rp"], b["ids"], b["samples"], b["gains"], agrad, np.int32(offset),
+  return call(b["rp"], b["ids"], b["samples"], b["gains"], np.ones(sources, np.int32), agrad,
+              np.int32(offset),
               *variables, *hypers, optimizer=optimizer, num_sc_per_device=np.int64(NUM_SC),
               num_devices=np.int64(1), sources=np.int64(sources), clip_min=False,
               min_value=np.float32(0), clip_max=False, max_value=np.float32(0),
-              multiply_linear_by_lr=False)
+              multiply_linear_by_lr=False, minibatching=False)
 
 
 def test_valid_buffers_give_the_hand_computed_activations_and_update():
@@ -178,3 +181,21 @@ def test_row_pointers_of_another_mesh_are_refused_at_lowering():
     tj._num_sc_per_device(12, 1)
   assert tj._num_sc_per_device(16, 1) == 2 and tj._num_sc_per_device(64, 4) == 4
   assert tj._num_sc_per_device(128, 8) == 4 and tj._num_sc_per_device(32, 8) == 2
+
+
+def test_minibatch_count_outside_the_buffer():
+  """With minibatching the groups run SparseCore-major, M a SparseCore; the
+  16 row pointers of valid_buffers() hold M = 1 for 2 SparseCores (and read
+  as one buffer they are valid: pointers run on from SparseCore 0's group)."""
+  b = valid_buffers()
+  b["rp"] = np.array([2, 9, 16, 16, 16, 16, 16, 16,
+                      16 + 1, 16 + 10, 32, 32, 32, 32, 32, 32], np.int32)
+  b2 = {k: v.copy() for k, v in b.items()}
+  for key in ("ids", "samples", "gains"):  # SparseCore 1's ids from position 16
+    b2[key][16:SLICE] = b[key][SLICE:SLICE + 8]
+    b2[key][24:32] = b[key][SLICE + 8:SLICE + 16]
+  np.testing.assert_allclose(run_lookup(b2, minibatches=1), expected_activations(), rtol=1e-6)
+  for bad in (0, 2, -1):
+    with pytest.raises(ERRORS, match=r"INVALID_ARGUMENT: num_minibatches_per_physical_sparse_core: "
+                       + str(bad)):
+      run_lookup(b2, minibatches=bad)

@@ -15,9 +15,9 @@ docs/sparsecore_semantics.md, "The JAX (jax-tpu-embedding) layout".
 
 Primitives with a CPU rule: `sparse_dense_matmul_csr` (the lookup) and
 `sparse_dense_matmul_grad_with_<optimizer>` (the gradient + update) for SGD,
-Adagrad, Adam, FTRL, AdagradMomentum, LaProp and F2A, all without
-minibatching (`enable_minibatching=True` and quantization are refused at
-lowering with NotImplementedError).  A primitive not listed
+Adagrad, Adam, FTRL, AdagradMomentum, LaProp and F2A, with and without
+minibatching (a `quantization_config` is refused at lowering with
+NotImplementedError).  A primitive not listed
 (`sparse_dense_matmul_optimizer_grad`, the custom optimizer;
 `gradient_stack`, `activation_unstack`) keeps the package's rule, which
 fails on a CPU with XLA's "No registered implementation" error.
@@ -60,22 +60,30 @@ def _load_library() -> ctypes.CDLL:
   return ctypes.cdll.LoadLibrary(path)
 
 
-def _num_sc_per_device(rp_size: int, devices: int) -> int:
+# The minibatches a row-pointer buffer has room for with minibatching (the
+# 64 divisions of the id space: docs/sparsecore_semantics.md §4, §11.1).
+MAX_MINIBATCHES = 64
+
+
+def _num_sc_per_device(rp_size: int, devices: int,
+                       minibatching: bool = False) -> int:
   """The SparseCores per device that jax-tpu-embedding's preprocessing used.
 
   Its row-pointer buffer holds, per device, one group of
   RoundUp(devices * num_sc, 8) entries for each of its num_sc SparseCores
-  (docs/sparsecore_semantics.md, "The JAX (jax-tpu-embedding) layout");
-  that size determines num_sc.
+  (and each of MAX_MINIBATCHES minibatches with minibatching)
+  (docs/sparsecore_semantics.md §11.1); that size determines num_sc.
   """
+  per = MAX_MINIBATCHES if minibatching else 1
   for num_sc in range(1, 257):
     group = -(-devices * num_sc // 8) * 8
-    if num_sc * group == rp_size:
+    if per * num_sc * group == rp_size:
       return num_sc
-    if num_sc * group > rp_size:
+    if per * num_sc * group > rp_size:
       break
   raise ValueError(
-      f"lhs_row_pointers: {rp_size} entries a device is not num_sc * "
+      f"lhs_row_pointers: {rp_size} entries a device is not "
+      f"{str(per) + ' * ' if minibatching else ''}num_sc * "
       f"RoundUp({devices} devices * num_sc, 8) for any SparseCore count "
       "num_sc: not a buffer of jax-tpu-embedding's preprocessing for this mesh")
 
@@ -115,11 +123,7 @@ def _lower_with_axes(ctx, axes, n, fn, *args, multiple_results):
     return lowered(ctx, *args)
 
 
-def _check_supported(name: str, enable_minibatching: bool,
-                     quantization_config=None):
-  if enable_minibatching:
-    raise NotImplementedError(
-        f"{name}: enable_minibatching=True is not supported on CPU yet")
+def _check_supported(name: str, quantization_config=None):
   if quantization_config is not None:
     raise NotImplementedError(
         f"{name}: quantization_config is not supported on CPU (the "
@@ -133,21 +137,21 @@ def _lookup_rule(ctx, row_pointers, embedding_ids, sample_ids, gains,
                  enable_minibatching=False):
   import jax
   del max_ids_per_partition, max_unique_ids_per_partition
-  _check_supported("sparse_dense_matmul_csr", enable_minibatching,
-                   quantization_config)
+  _check_supported("sparse_dense_matmul_csr", quantization_config)
   if sharding_strategy != 1:
     raise NotImplementedError("sharding_strategy: only MOD (1) is supported")
   axes, n = _manual_axes(ctx)
-  num_sc = _num_sc_per_device(ctx.avals_in[0].shape[0], n)
+  num_sc = _num_sc_per_device(ctx.avals_in[0].shape[0], n, enable_minibatching)
   (out_aval,) = ctx.avals_out
 
-  def lookup(rp, ids, samples, g, _, tbl):  # the primitive's operands
+  def lookup(rp, ids, samples, g, nmb, tbl):  # the primitive's operands
     if axes:  # every device's shards, in global SparseCore order
       tbl = jax.lax.all_gather(tbl, axes, axis=0, tiled=True)
     return jax.ffi.ffi_call(
         LOOKUP_TARGET, jax.ShapeDtypeStruct(out_aval.shape, np.float32))(
-            rp, ids, samples, g, tbl, num_sc_per_device=np.int64(num_sc),
-            num_devices=np.int64(n))
+            rp, ids, samples, g, nmb.reshape(1).astype(np.int32), tbl,
+            num_sc_per_device=np.int64(num_sc), num_devices=np.int64(n),
+            minibatching=bool(enable_minibatching))
 
   return _lower_with_axes(ctx, axes, n, lookup, row_pointers, embedding_ids,
                           sample_ids, gains, num_minibatches, table,
@@ -165,38 +169,39 @@ def _grad_rule(optimizer: str, num_slots: int, num_hypers: int, ctx,
   gradients, the `num_hypers` hyper-parameters (the package's bind order)."""
   import jax
   del max_ids_per_partition, max_unique_ids_per_partition, computation_name
-  _check_supported(f"sparse_dense_matmul_grad_with_{optimizer}",
-                   enable_minibatching)
+
   if sharding_strategy != 1:
     raise NotImplementedError("sharding_strategy: only MOD (1) is supported")
   nvars = 1 + num_slots
   axes, n = _manual_axes(ctx)
-  num_sc = _num_sc_per_device(ctx.avals_in[0].shape[0], n)
+  num_sc = _num_sc_per_device(ctx.avals_in[0].shape[0], n, enable_minibatching)
   var_avals = ctx.avals_in[5:5 + nvars]
 
-  def grad(rp, ids, samples, g, _, *rest):  # the primitive's operands
+  def grad(rp, ids, samples, g, nmb, *rest):  # the primitive's operands
     vs, agrad = rest[:nvars], rest[nvars]
     hs = [jax.numpy.asarray(h, np.float32).reshape(())
           for h in rest[nvars + 1:nvars + 1 + num_hypers]]
+    nmb = nmb.reshape(1).astype(np.int32)
     if axes:  # every device's ids and gradients; this device's shards
-      rp, ids, samples, g, agrad = (
+      rp, ids, samples, g, nmb, agrad = (
           jax.lax.all_gather(x, axes, axis=0, tiled=True)
-          for x in (rp, ids, samples, g, agrad))
+          for x in (rp, ids, samples, g, nmb, agrad))
       offset = (jax.lax.axis_index(axes) * num_sc).astype(np.int32)
     else:
       offset = jax.numpy.zeros((), np.int32)
     outs = jax.ffi.ffi_call(
         GRAD_TARGET,
         [jax.ShapeDtypeStruct(a.shape, np.float32) for a in var_avals],
-        input_output_aliases={6 + i: i for i in range(nvars)})(
-            rp, ids, samples, g, agrad, offset, *vs, *hs,
+        input_output_aliases={7 + i: i for i in range(nvars)})(
+            rp, ids, samples, g, nmb, agrad, offset, *vs, *hs,
             optimizer=optimizer, num_sc_per_device=np.int64(num_sc),
             num_devices=np.int64(n), sources=np.int64(n),
             clip_min=min_value is not None,
             min_value=np.float32(0 if min_value is None else min_value),
             clip_max=max_value is not None,
             max_value=np.float32(0 if max_value is None else max_value),
-            multiply_linear_by_lr=bool(multiply_linear_by_learning_rate))
+            multiply_linear_by_lr=bool(multiply_linear_by_learning_rate),
+            minibatching=bool(enable_minibatching))
     return list(outs)
 
   return _lower_with_axes(ctx, axes, n, grad, row_pointers, embedding_ids,
