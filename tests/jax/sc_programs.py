@@ -34,10 +34,11 @@ class Program:
 
   def __init__(self, devices, num_sc, vocab, dim, optimizer, batch,
                combiner="sum", features=1, limits=None, minibatching=False,
-               max_ids_per_partition=256):
+               max_ids_per_partition=256, stacking_primitives=False):
     self.devices, self.num_sc, self.vocab, self.dim = devices, num_sc, vocab, dim
     self.batch, self.mesh = batch, mesh(devices)
     self.limits, self.minibatching = limits, minibatching
+    self.stacking_primitives = stacking_primitives
     table = embedding_spec.TableSpec(
         vocabulary_size=vocab, embedding_dim=dim,
         initializer=jax.nn.initializers.zeros, optimizer=optimizer,
@@ -86,7 +87,8 @@ class Program:
     fn = functools.partial(
         embedding.tpu_sparse_dense_matmul, global_device_count=self.devices,
         feature_specs=self.feature_specs, num_sc_per_device=self.num_sc,
-        enable_minibatching=self.minibatching)
+        enable_minibatching=self.minibatching,
+        use_activation_unstack_primitive=self.stacking_primitives)
     return jax.jit(jax.shard_map(fn, mesh=self.mesh, in_specs=(P("x"), P("x")),
                                  out_specs=P("x"), check_vma=False))
 
@@ -101,7 +103,8 @@ class Program:
       return embedding.tpu_sparse_dense_matmul_grad(
           grads, inputs, variables, feature_specs=self.feature_specs,
           global_device_count=self.devices, num_sc_per_device=self.num_sc,
-          embedding_var_limits=limits, step=step, enable_minibatching=self.minibatching)
+          embedding_var_limits=limits, step=step, enable_minibatching=self.minibatching,
+          use_gradient_stacking_primitive=self.stacking_primitives)
 
     jitted = jax.jit(jax.shard_map(fn, mesh=self.mesh,
                                    in_specs=(P("x"), P("x"), P("x"), P()),

@@ -17,10 +17,12 @@ Primitives with a CPU rule: `sparse_dense_matmul_csr` (the lookup) and
 `sparse_dense_matmul_grad_with_<optimizer>` (the gradient + update) for SGD,
 Adagrad, Adam, FTRL, AdagradMomentum, LaProp and F2A, with and without
 minibatching (a `quantization_config` is refused at lowering with
-NotImplementedError).  A primitive not listed
-(`sparse_dense_matmul_optimizer_grad`, the custom optimizer;
-`gradient_stack`, `activation_unstack`) keeps the package's rule, which
-fails on a CPU with XLA's "No registered implementation" error.
+NotImplementedError); with `install(num_sc_per_device=S)` also
+`sparse_dense_matmul_gradient_stack` and
+`sparse_dense_matmul_activation_unstack` (their operands do not say how many
+SparseCores a device has, so they need S).  The custom-optimizer primitive
+(`sparse_dense_matmul_optimizer_grad`) keeps the package's rule, which fails
+on a CPU with XLA's "No registered implementation" error.
 
 Several devices: under `jax.shard_map` over N CPU devices (each holding its
 table shard, as jax-tpu-embedding lays a table out over devices x
@@ -44,6 +46,7 @@ LOOKUP_TARGET = "tf_tpu_emb_sparsecore_lookup"
 GRAD_TARGET = "tf_tpu_emb_sparsecore_grad"
 
 _installed = False
+_num_sc_for_stacking: Optional[int] = None
 
 
 def library_path() -> str:
@@ -222,9 +225,84 @@ _GRAD_PRIMITIVES = (
 )
 
 
-def install() -> None:
-  """Registers the FFI handlers and the CPU lowering rules (idempotent)."""
-  global _installed
+def _gradient_stack_rule(num_sc, ctx, *gradients, stacked_batch_size,
+                         stacked_feature_dim):
+  """sparse_dense_matmul_gradient_stack: the features' gradients (each
+  [b_f, stacked_feature_dim], b_f split over the device's SparseCores) into
+  one [stacked_batch_size, stacked_feature_dim], SparseCore major: for each
+  SparseCore its slice of each feature in turn (the package's stacking
+  without the primitive, embedding.stack_embedding_gradients)."""
+  import jax.numpy as jnp
+  from jax.interpreters import mlir
+  for aval in ctx.avals_in:
+    if aval.shape[0] % num_sc or aval.shape[1] != stacked_feature_dim:
+      raise ValueError(
+          f"sparse_dense_matmul_gradient_stack: a gradient of shape {aval.shape} "
+          f"is not [a multiple of {num_sc} SparseCores, {stacked_feature_dim}]")
+  if sum(a.shape[0] for a in ctx.avals_in) != stacked_batch_size:
+    raise ValueError("sparse_dense_matmul_gradient_stack: the gradients' rows do not "
+                     f"add up to stacked_batch_size {stacked_batch_size}")
+
+  def stack(*gs):
+    parts = [g.reshape(num_sc, -1, stacked_feature_dim) for g in gs]
+    return jnp.concatenate(parts, axis=1).reshape(-1, stacked_feature_dim)
+
+  return mlir.lower_fun(stack, multiple_results=False)(ctx, *gradients)
+
+
+def _activation_unstack_rule(num_sc, ctx, stacked, *, per_feature_batch_sizes,
+                             per_feature_dims):
+  """sparse_dense_matmul_activation_unstack: the inverse of the stacking
+  above, each feature's first per_feature_dims columns (the package's
+  unstacking without the primitive, embedding.unstack_embedding_activations)."""
+  from jax.interpreters import mlir
+  (aval,) = ctx.avals_in
+  if (any(b % num_sc for b in per_feature_batch_sizes)
+      or sum(per_feature_batch_sizes) != aval.shape[0]
+      or max(per_feature_dims) > aval.shape[-1]):
+    raise ValueError(
+        f"sparse_dense_matmul_activation_unstack: batch sizes {per_feature_batch_sizes} "
+        f"and widths {per_feature_dims} do not cut activations of shape {aval.shape} "
+        f"over {num_sc} SparseCores")
+
+  def unstack(x):
+    per_sc = x.reshape(num_sc, -1, x.shape[-1])
+    outs, offset = [], 0
+    for b, d in zip(per_feature_batch_sizes, per_feature_dims):
+      n = b // num_sc
+      outs.append(per_sc[:, offset:offset + n, :d].reshape(b, d))
+      offset += n
+    return outs
+
+  return mlir.lower_fun(unstack, multiple_results=True)(ctx, stacked)
+
+
+def install(num_sc_per_device: Optional[int] = None) -> None:
+  """Registers the FFI handlers and the CPU lowering rules (idempotent).
+
+  num_sc_per_device: the SparseCores a device presents (as given to the
+  package's functions); needed only by the gradient-stack and
+  activation-unstack primitives, whose rules are registered where it is given.
+  """
+  global _installed, _num_sc_for_stacking
+  if num_sc_per_device is not None:
+    if _num_sc_for_stacking not in (None, num_sc_per_device):
+      raise ValueError(
+          f"install(num_sc_per_device={num_sc_per_device}): already installed "
+          f"with {_num_sc_for_stacking}")
+    if _num_sc_for_stacking is None:
+      import importlib
+      from jax.interpreters import mlir
+      prims = "jax_tpu_embedding.sparsecore.lib.core.primitives."
+      stack = importlib.import_module(prims + "sparse_dense_matmul_gradient_stack")
+      unstack = importlib.import_module(prims + "sparse_dense_matmul_activation_unstack")
+      mlir.register_lowering(
+          stack.tpu_sparse_dense_matmul_gradient_stack_primitive,
+          functools.partial(_gradient_stack_rule, num_sc_per_device), platform="cpu")
+      mlir.register_lowering(
+          unstack.tpu_sparse_dense_matmul_activation_unstack_primitive,
+          functools.partial(_activation_unstack_rule, num_sc_per_device), platform="cpu")
+      _num_sc_for_stacking = num_sc_per_device
   if _installed:
     return
   import importlib
