@@ -28,6 +28,7 @@ namespace {
 
 using sparsecore::RoundUp;
 constexpr int64_t kAlign = sparsecore::kXlaPadSize;  // segments start 8-aligned
+constexpr int64_t kMaxCount = 1 << 16;  // devices, SparseCores a device
 
 ffi::Error Invalid(const std::string& msg) {
   return ffi::Error(ffi::ErrorCode::kInvalidArgument, msg);
@@ -178,8 +179,13 @@ int64_t Width(ffi::Span<const int64_t> dims) { return dims.size() == 2 ? dims[1]
 ffi::Error CheckCommon(const ffi::Buffer<ffi::S32>& rp, const ffi::Buffer<ffi::S32>& ids,
                        const ffi::Buffer<ffi::S32>& samples, const ffi::Buffer<ffi::F32>& gains,
                        int64_t num_sc, int64_t num_devices) {
-  if (num_sc <= 0) return Invalid("num_sc_per_device: " + Str(num_sc) + " is not positive");
-  if (num_devices <= 0) return Invalid("num_devices: " + Str(num_devices) + " is not positive");
+  // Bounded so that no product of the counts overflows.
+  if (num_sc <= 0 || num_sc > kMaxCount) {
+    return Invalid("num_sc_per_device: " + Str(num_sc) + " is not in [1, " + Str(kMaxCount) + "]");
+  }
+  if (num_devices <= 0 || num_devices > kMaxCount) {
+    return Invalid("num_devices: " + Str(num_devices) + " is not in [1, " + Str(kMaxCount) + "]");
+  }
   if (rp.dimensions().size() != 1) return Invalid("lhs_row_pointers: not rank 1");
   if (ids.dimensions().size() != 1 || samples.dimensions().size() != 1 ||
       gains.dimensions().size() != 1) {
@@ -284,7 +290,9 @@ ffi::Error GradImpl(ffi::Buffer<ffi::S32> rp, ffi::Buffer<ffi::S32> ids,
     if (o.name == optimizer) opt = &o;
   }
   if (opt == nullptr) return Invalid("optimizer: '" + std::string(optimizer) + "' is unknown");
-  if (sources <= 0) return Invalid("sources: " + Str(sources) + " is not positive");
+  if (sources <= 0 || sources > kMaxCount) {
+    return Invalid("sources: " + Str(sources) + " is not in [1, " + Str(kMaxCount) + "]");
+  }
   const int64_t nvars = 1 + opt->slots;
   if (static_cast<int64_t>(args.size()) != nvars + opt->hypers ||
       static_cast<int64_t>(rets.size()) != nvars) {
