@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 
 .PHONY: all venv build test test-quick test-all cpp-test demo movielens bench bench-peers bazel-check bazel-install clean fuzz sanitize \
         test-tf test-tfio lane-build tfio-build package-check clients-venv test-clients \
-        test-clients-all docs docs-venv
+        test-clients-all docs docs-venv venv-jax jax-build test-jax
 
 all: build
 
@@ -248,3 +248,42 @@ docs-venv: $(DOCS_VENV)/.deps
 
 docs: docs-venv
 	cd $(CURDIR) && NO_MKDOCS_2_WARNING=1 TF_CPP_MIN_LOG_LEVEL=3 $(DOCS_VENV)/bin/mkdocs build --strict
+
+# ----------------------------------------------------------------------------
+# The JAX front end (docs/sparsecore_semantics.md "The JAX (jax-tpu-embedding)
+# layout"): $(JAX_VENV) on Python 3.12 (jax-tpu-embedding needs >= 3.12) with
+# jax, jax-tpu-embedding and keras-rs, and no TensorFlow.  This source tree is
+# put on its path by a .pth file (the TF op library is not needed there), and
+# `make jax-build` compiles the XLA FFI library (jax_ffi/) against that jax's
+# FFI headers into tf_tpu_emb/jax/.  `make test-jax` runs tests/jax there.
+# The first python3.12 that runs (pyenv's shim is on PATH but fails where 3.12
+# is not its selected version, so each candidate is tried).
+PYTHON312 ?= $(shell for p in python3.12 $(HOME)/.pyenv/versions/3.12.*/bin/python3.12; do \
+               "$$p" -c 'import sys' >/dev/null 2>&1 && { command -v "$$p"; break; }; done)
+JAX_VENV  ?= .venv-jax
+JAX_PY     = $(JAX_VENV)/bin/python
+JAX_REQ   ?= jax==0.12.0.1 jaxlib==0.12.0.1 jax-tpu-embedding==0.2.0 keras-rs==0.4.0 \
+             numpy pytest pytest-xdist==3.8.0
+JAX_SRCS   = $(wildcard jax_ffi/*.cc jax_ffi/*.h core/*.h) jax_ffi/build.py
+JAX_PYTEST ?= -q -p no:cacheprovider $(DURATIONS)
+
+$(JAX_VENV)/.deps: Makefile
+	@test -n "$(PYTHON312)" || { echo "venv-jax: no python3.12 found (set PYTHON312=...)"; exit 1; }
+	rm -rf $(JAX_VENV) && $(PYTHON312) -m venv $(JAX_VENV)
+	$(JAX_PY) -m pip install -q $(JAX_REQ)
+	$(JAX_PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' | \
+	  xargs -I{} sh -c 'echo "$(CURDIR)" > {}/tf_tpu_emb_source_tree.pth'
+	@! $(JAX_PY) -c 'import tensorflow' 2>/dev/null || \
+	  { echo "venv-jax: TensorFlow got installed into $(JAX_VENV); it must not be needed"; exit 1; }
+	touch $@
+
+venv-jax: $(JAX_VENV)/.deps
+
+$(JAX_VENV)/.built: $(JAX_VENV)/.deps $(JAX_SRCS)
+	$(JAX_PY) jax_ffi/build.py
+	touch $@
+
+jax-build: $(JAX_VENV)/.built
+
+test-jax: jax-build
+	cd $(CURDIR) && $(JAX_VENV)/bin/pytest $(JAX_PYTEST) tests/jax $(PYTEST_ARGS)

@@ -1,0 +1,463 @@
+// Typed XLA FFI handlers that run jax-tpu-embedding's SparseCore primitives
+// on a CPU (docs/sparsecore_semantics.md, "The JAX (jax-tpu-embedding)
+// layout"); tf_tpu_emb/jax/ registers them and the CPU lowering rules that
+// call them.  Built against jaxlib's xla/ffi/api/ffi.h by jax_ffi/build.py;
+// no TensorFlow here: the optimizer arithmetic is core/row_updates.h, the one
+// implementation TF's SparseCore kernels use too, and the CSR constants are
+// core/sparsecore.h's.
+//
+// Every handler checks its buffers before it reads them and answers bad
+// input with InvalidArgument naming the argument and index; none reads or
+// writes out of bounds.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/row_updates.h"
+#include "core/sparsecore.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace tf_tpu_emb {
+namespace jax_sc {
+namespace {
+
+using sparsecore::RoundUp;
+constexpr int64_t kAlign = sparsecore::kXlaPadSize;  // segments start 8-aligned
+constexpr int64_t kMaxCount = 1 << 16;  // devices, SparseCores a device
+
+ffi::Error Invalid(const std::string& msg) {
+  return ffi::Error(ffi::ErrorCode::kInvalidArgument, msg);
+}
+
+std::string Str(int64_t v) { return std::to_string(v); }
+
+// One id of the CSR buffers, resolved: the table row (in the table operand,
+// or -1 where its shard is not in that operand), the activation row, its gain.
+struct Id {
+  int64_t row;
+  int64_t act_row;
+  float gain;
+};
+
+// The CSR buffers of `sources` devices concatenated (the lookup reads its
+// own device's, sources = 1; the gradient reads every device's, gathered by
+// the lowering rule), as jax-tpu-embedding's preprocessing writes them
+// (docs/sparsecore_semantics.md §11.1).  Without minibatching: per source
+// device, `num_sc` equal slices of the id buffers, one a local SparseCore,
+// and `num_sc` equal groups of row pointers; group entry j < global_sc is the
+// end (relative to the slice) of the segment of global SparseCore j's shard,
+// which starts at the previous end rounded up to 8 (0 for the first);
+// entries past global_sc are padding and hold no ids.  With minibatching:
+// per source device one id buffer and, for each local SparseCore and each of
+// its M = num_minibatches[source] minibatches (SparseCore major), a group of
+// RoundUp(global_sc, 8) row pointers counted from the buffer's start, each
+// segment starting at the previous pointer rounded up to 8; the groups past
+// the M-th are not read.  Embedding ids are local to the shard (row id /
+// global_sc), sample ids local to the SparseCore (activation row sc * B +
+// sample).
+struct CsrWalk {
+  const int32_t* row_pointers;
+  int64_t row_pointers_size;
+  const int32_t* embedding_ids;
+  const int32_t* sample_ids;
+  const float* gains;
+  int64_t ids_size;
+  int64_t sources;        // devices whose buffers are concatenated
+  int64_t num_sc;         // SparseCores per device
+  int64_t global_sc;      // SparseCores in all: shards of a table
+  int64_t batch_per_sc;   // B: samples per SparseCore
+  int64_t shard_rows;     // R: rows of one shard
+  int64_t first_shard;    // global SparseCore of the table operand's first shard
+  int64_t table_shards;   // shards in the table operand
+  const int32_t* num_minibatches = nullptr;  // per source; null: no minibatching
+
+  // Calls visit(const Id&) for each id in buffer order (source, local
+  // SparseCore, segment, position).  Returns an error, naming the argument,
+  // at the first malformed entry; visit is called only for ids checked.
+  template <typename Visit>
+  ffi::Error Walk(Visit visit) const {
+    if (row_pointers_size % (sources * num_sc) != 0) {
+      return Invalid("lhs_row_pointers: " + Str(row_pointers_size) +
+                     " entries is not a multiple of devices * SparseCores per device (" +
+                     Str(sources) + " * " + Str(num_sc) + ")");
+    }
+    const int64_t id_parts = num_minibatches != nullptr ? sources : sources * num_sc;
+    if (ids_size % id_parts != 0) {
+      return Invalid("lhs_local_embedding_ids: " + Str(ids_size) +
+                     " entries is not a multiple of " + Str(id_parts) +
+                     " (devices, times SparseCores per device without minibatching)");
+    }
+    const bool minibatching = num_minibatches != nullptr;
+    const int64_t rp_per_src = row_pointers_size / sources;
+    const int64_t group =
+        minibatching ? RoundUp(global_sc, kAlign) : row_pointers_size / (sources * num_sc);
+    if (group < global_sc) {
+      return Invalid("lhs_row_pointers: " + Str(group) + " entries per SparseCore, fewer than the " +
+                     Str(global_sc) + " SparseCores that shard the table");
+    }
+    const int64_t ids_per_src = ids_size / sources;
+    const int64_t slice = minibatching ? ids_per_src : ids_size / (sources * num_sc);
+    for (int64_t src = 0; src < sources; ++src) {
+      int64_t groups_per_sc = 1;
+      if (minibatching) {
+        groups_per_sc = num_minibatches[src];
+        if (groups_per_sc < 1 || num_sc * groups_per_sc * group > rp_per_src) {
+          return Invalid("num_minibatches_per_physical_sparse_core: " + Str(groups_per_sc) +
+                         " (device " + Str(src) + ") is not in [1, " +
+                         Str(rp_per_src / (num_sc * group)) + "], the minibatches that " +
+                         Str(rp_per_src) + " row pointers hold");
+        }
+      }
+      int64_t prev = 0;  // with minibatching, pointers run on over the device's groups
+      for (int64_t sc = 0; sc < num_sc; ++sc) {
+        const int64_t base = minibatching ? src * ids_per_src : (src * num_sc + sc) * slice;
+        if (!minibatching) prev = 0;
+        for (int64_t k = 0; k < groups_per_sc * group; ++k) {
+          const int64_t j = k % group;
+          const int64_t rp0 = src * rp_per_src + sc * groups_per_sc * group + (k - j);
+          const int64_t end = row_pointers[rp0 + j];
+          if (end < prev) {
+            return Invalid("lhs_row_pointers[" + Str(rp0 + j) + "] = " + Str(end) +
+                           " goes backwards (previous end " + Str(prev) + ")");
+          }
+          if (end > slice) {
+            return Invalid("lhs_row_pointers[" + Str(rp0 + j) + "] = " + Str(end) +
+                           " is past the SparseCore's slice of " + Str(slice) + " ids");
+          }
+          const int64_t start = RoundUp(prev, kAlign);
+          if (end > prev && end < start) {
+            return Invalid("lhs_row_pointers[" + Str(rp0 + j) + "] = " + Str(end) +
+                           " ends inside the alignment after the previous end " + Str(prev) +
+                           " (a segment starts at a multiple of 8)");
+          }
+          prev = end;
+          if (end <= start) continue;  // empty segment
+          if (j >= global_sc) {
+            return Invalid("lhs_row_pointers[" + Str(rp0 + j) + "]: padding entry " + Str(j) +
+                           " holds ids (only " + Str(global_sc) + " shards)");
+          }
+          const int64_t shard = j - first_shard;
+          const bool here = shard >= 0 && shard < table_shards;
+          for (int64_t p = base + start; p < base + end; ++p) {
+            const int64_t id = embedding_ids[p];
+            const int64_t sample = sample_ids[p];
+            const float gain = gains[p];
+            if (id < 0 || id >= shard_rows) {
+              return Invalid("lhs_local_embedding_ids[" + Str(p) + "] = " + Str(id) +
+                             " is outside the shard's " + Str(shard_rows) + " rows");
+            }
+            if (sample < 0 || sample >= batch_per_sc) {
+              return Invalid("lhs_local_sample_ids[" + Str(p) + "] = " + Str(sample) +
+                             " is outside the SparseCore's " + Str(batch_per_sc) + " samples");
+            }
+            if (!std::isfinite(gain)) {
+              return Invalid("lhs_gains[" + Str(p) + "] is " + std::to_string(gain) +
+                             " inside a segment (NaN only pads)");
+            }
+            visit(Id{here ? shard * shard_rows + id : -1,
+                     (src * num_sc + sc) * batch_per_sc + sample, gain});
+          }
+        }
+      }
+    }
+    return ffi::Error::Success();
+  }
+};
+
+template <typename B>
+int64_t Count(const B& b) {
+  return static_cast<int64_t>(b.element_count());
+}
+
+int64_t Width(ffi::Span<const int64_t> dims) { return dims.size() == 2 ? dims[1] : 1; }
+
+ffi::Error CheckCommon(const ffi::Buffer<ffi::S32>& rp, const ffi::Buffer<ffi::S32>& ids,
+                       const ffi::Buffer<ffi::S32>& samples, const ffi::Buffer<ffi::F32>& gains,
+                       int64_t num_sc, int64_t num_devices) {
+  // Bounded so that no product of the counts overflows.
+  if (num_sc <= 0 || num_sc > kMaxCount) {
+    return Invalid("num_sc_per_device: " + Str(num_sc) + " is not in [1, " + Str(kMaxCount) + "]");
+  }
+  if (num_devices <= 0 || num_devices > kMaxCount) {
+    return Invalid("num_devices: " + Str(num_devices) + " is not in [1, " + Str(kMaxCount) + "]");
+  }
+  if (rp.dimensions().size() != 1) return Invalid("lhs_row_pointers: not rank 1");
+  if (ids.dimensions().size() != 1 || samples.dimensions().size() != 1 ||
+      gains.dimensions().size() != 1) {
+    return Invalid("lhs_local_embedding_ids, lhs_local_sample_ids, lhs_gains: not rank 1");
+  }
+  if (samples.element_count() != ids.element_count() ||
+      gains.element_count() != ids.element_count()) {
+    return Invalid("lhs_local_sample_ids (" + Str(samples.element_count()) + "), lhs_gains (" +
+                   Str(gains.element_count()) + ") and lhs_local_embedding_ids (" +
+                   Str(ids.element_count()) + ") differ in length");
+  }
+  return ffi::Error::Success();
+}
+
+// The lookup (sparse_dense_matmul_csr): activations[sc*B + sample] +=
+// gain * table[shard j's row id], ids in buffer order.  `table` is every
+// shard of the table (the lowering rule gathers the devices' shards), in
+// global SparseCore order.
+ffi::Error LookupImpl(ffi::Buffer<ffi::S32> rp, ffi::Buffer<ffi::S32> ids,
+                      ffi::Buffer<ffi::S32> samples, ffi::Buffer<ffi::F32> gains,
+                      ffi::Buffer<ffi::S32> num_minibatches, ffi::Buffer<ffi::F32> table,
+                      ffi::ResultBuffer<ffi::F32> out, int64_t num_sc, int64_t num_devices,
+                      bool minibatching) {
+  if (ffi::Error e = CheckCommon(rp, ids, samples, gains, num_sc, num_devices); e.failure()) {
+    return e;
+  }
+  const auto tdims = table.dimensions();
+  const auto odims = out->dimensions();
+  if (tdims.size() != 1 && tdims.size() != 2) return Invalid("embedding_table: not rank 1 or 2");
+  const int64_t width = Width(tdims);
+  if (odims.size() != tdims.size() || Width(odims) != width) {
+    return Invalid("embedding_table: width " + Str(width) + " differs from the activations'");
+  }
+  const int64_t global_sc = num_sc * num_devices;
+  if (tdims[0] % global_sc != 0) {
+    return Invalid("embedding_table: " + Str(tdims[0]) + " rows is not a multiple of the " +
+                   Str(global_sc) + " SparseCores that shard it");
+  }
+  const int64_t batch = odims[0];
+  if (batch % num_sc != 0) {
+    return Invalid("device_batch_size: " + Str(batch) + " is not a multiple of " + Str(num_sc) +
+                   " SparseCores per device");
+  }
+  if (minibatching && Count(num_minibatches) != 1) {
+    return Invalid("num_minibatches_per_physical_sparse_core: not a scalar");
+  }
+  CsrWalk walk{rp.typed_data(), Count(rp), ids.typed_data(), samples.typed_data(),
+               gains.typed_data(), Count(ids), 1, num_sc, global_sc, batch / num_sc,
+               tdims[0] / global_sc, 0, global_sc,
+               minibatching ? num_minibatches.typed_data() : nullptr};
+  float* act = out->typed_data();
+  std::memset(act, 0, sizeof(float) * batch * width);
+  const float* t = table.typed_data();
+  return walk.Walk([&](const Id& id) {
+    float* a = act + id.act_row * width;
+    const float* w = t + id.row * width;
+    for (int64_t d = 0; d < width; ++d) a[d] += id.gain * w[d];
+  });
+}
+
+// What one optimizer reads besides the gradient: its slots and hyper-parameters.
+struct Optimizer {
+  std::string_view name;
+  int slots;
+  int hypers;  // scalar operands, learning rate first
+};
+
+// The hyper-parameter operands in the package's order (its OptimizerSpec's
+// get_hyperparameters); a boolean one arrives as 0 or 1.
+constexpr Optimizer kOptimizers[] = {
+    {"sgd", 0, 1},               // learning_rate
+    {"adagrad", 1, 1},           // learning_rate
+    {"adam", 2, 4},              // alpha_t, beta_1, beta_2, epsilon_hat
+    {"ftrl", 2, 5},              // learning_rate, learning_rate_power, l1, l2, beta
+    {"adagrad_momentum", 2, 6},  // learning_rate, momentum, beta2, epsilon, exponent, nesterov
+    {"laprop", 2, 4},            // learning_rate, b1, decay_rate, eps
+    {"f2a", 2, 6},               // learning_rate, rho, l1, l2, max_lr_multiplier, global_step
+};
+
+// The gradient and update (sparse_dense_matmul_grad_with_<optimizer>): the
+// gradient of a row is the sum of gain * activations_grad[sample] over its
+// ids from every device and SparseCore, in buffer order; each row with an id
+// is updated once by the optimizer (core/row_updates.h), then clipped to
+// [min_value, max_value] where given; other rows are unchanged.  This
+// device's table operand holds the shards of global SparseCores
+// [shard_offset, shard_offset + num_sc); ids of other shards are checked and
+// skipped.  The remaining arguments are the table, its slots and the
+// hyper-parameters; the results the updated table and slots.
+ffi::Error GradImpl(ffi::Buffer<ffi::S32> rp, ffi::Buffer<ffi::S32> ids,
+                    ffi::Buffer<ffi::S32> samples, ffi::Buffer<ffi::F32> gains,
+                    ffi::Buffer<ffi::S32> num_minibatches, ffi::Buffer<ffi::F32> act_grad,
+                    ffi::Buffer<ffi::S32> shard_offset,
+                    ffi::RemainingArgs args, ffi::RemainingRets rets, std::string_view optimizer,
+                    int64_t num_sc, int64_t num_devices, int64_t sources, bool clip_min,
+                    float min_value, bool clip_max, float max_value, bool multiply_linear_by_lr,
+                    bool minibatching) {
+  if (ffi::Error e = CheckCommon(rp, ids, samples, gains, num_sc, num_devices); e.failure()) {
+    return e;
+  }
+  const Optimizer* opt = nullptr;
+  for (const Optimizer& o : kOptimizers) {
+    if (o.name == optimizer) opt = &o;
+  }
+  if (opt == nullptr) return Invalid("optimizer: '" + std::string(optimizer) + "' is unknown");
+  if (sources <= 0 || sources > kMaxCount) {
+    return Invalid("sources: " + Str(sources) + " is not in [1, " + Str(kMaxCount) + "]");
+  }
+  const int64_t nvars = 1 + opt->slots;
+  if (static_cast<int64_t>(args.size()) != nvars + opt->hypers ||
+      static_cast<int64_t>(rets.size()) != nvars) {
+    return Invalid("optimizer " + std::string(optimizer) + ": " + Str(args.size()) +
+                   " table/slot/hyper-parameter operands and " + Str(rets.size()) +
+                   " results; expected " + Str(nvars + opt->hypers) + " and " + Str(nvars));
+  }
+  std::vector<const float*> in(nvars);
+  std::vector<float*> out(nvars);
+  ffi::Span<const int64_t> tdims;
+  int64_t table_elems = 0;
+  for (int64_t v = 0; v < nvars; ++v) {
+    const char* what = v == 0 ? "embedding_table" : "slot variable";
+    auto a = args.get<ffi::Buffer<ffi::F32>>(v);
+    auto r = rets.get<ffi::Buffer<ffi::F32>>(v);
+    if (a.has_error() || r.has_error()) return Invalid(std::string(what) + ": not float32");
+    const auto dims = a.value().dimensions();
+    if (v == 0) {
+      tdims = dims;
+      table_elems = Count(a.value());
+      if (dims.size() != 1 && dims.size() != 2) {
+        return Invalid("embedding_table: not rank 1 or 2");
+      }
+    } else if (Count(a.value()) != table_elems || dims.size() != tdims.size() ||
+               dims[0] != tdims[0]) {
+      return Invalid("slot variable " + Str(v - 1) + ": its shape differs from the table's");
+    }
+    if (Count(*r.value()) != table_elems) {
+      return Invalid(std::string(what) + ": result shape differs from the operand's");
+    }
+    in[v] = a.value().typed_data();
+    out[v] = (*r.value()).typed_data();
+  }
+  std::vector<float> hyper(opt->hypers);
+  for (int h = 0; h < opt->hypers; ++h) {
+    auto a = args.get<ffi::Buffer<ffi::F32>>(nvars + h);
+    if (a.has_error() || a.value().element_count() != 1) {
+      return Invalid("hyper-parameter " + Str(h) + " (" +
+                     (h == 0 ? std::string("learning_rate") : std::string("optimizer's")) +
+                     "): not a float32 scalar");
+    }
+    hyper[h] = a.value().typed_data()[0];
+  }
+  const int64_t width = Width(tdims);
+  const auto gdims = act_grad.dimensions();
+  if ((gdims.size() != 1 && gdims.size() != 2) || Width(gdims) != width) {
+    return Invalid("activations_grad: width " + Str(Width(gdims)) +
+                   " differs from the table's " + Str(width));
+  }
+  if (gdims[0] % (sources * num_sc) != 0) {
+    return Invalid("activations_grad: " + Str(gdims[0]) +
+                   " rows is not a multiple of devices * SparseCores per device");
+  }
+  if (tdims[0] % num_sc != 0) {
+    return Invalid("embedding_table: " + Str(tdims[0]) + " rows is not a multiple of " +
+                   Str(num_sc) + " SparseCores per device");
+  }
+  if (shard_offset.element_count() != 1) return Invalid("shard_offset: not a scalar");
+  const int64_t global_sc = num_sc * num_devices;
+  const int64_t first = shard_offset.typed_data()[0];
+  if (first < 0 || first + num_sc > global_sc) {
+    return Invalid("shard_offset: " + Str(first) + " is outside the " + Str(global_sc) +
+                   " SparseCores");
+  }
+  const int64_t shard_rows = tdims[0] / num_sc;
+  if (minibatching && Count(num_minibatches) != sources) {
+    return Invalid("num_minibatches_per_physical_sparse_core: " + Str(Count(num_minibatches)) +
+                   " entries, not one per device (" + Str(sources) + ")");
+  }
+  CsrWalk walk{rp.typed_data(),      Count(rp),          ids.typed_data(),
+               samples.typed_data(), gains.typed_data(), Count(ids),
+               sources,              num_sc,             global_sc,
+               gdims[0] / (sources * num_sc), shard_rows, first, num_sc,
+               minibatching ? num_minibatches.typed_data() : nullptr};
+
+  // Sum each touched row's gradient in buffer order; rows in first-touch order.
+  const int64_t rows = tdims[0];
+  std::vector<int64_t> slot_of(rows, -1);
+  std::vector<int64_t> touched;
+  std::vector<float> grad;
+  const float* g = act_grad.typed_data();
+  ffi::Error walked = walk.Walk([&](const Id& id) {
+    if (id.row < 0) return;
+    int64_t& k = slot_of[id.row];
+    if (k < 0) {
+      k = static_cast<int64_t>(touched.size());
+      touched.push_back(id.row);
+      grad.resize(grad.size() + width, 0.0f);
+    }
+    float* acc = grad.data() + k * width;
+    const float* src = g + id.act_row * width;
+    for (int64_t d = 0; d < width; ++d) acc[d] += id.gain * src[d];
+  });
+  if (walked.failure()) return walked;
+
+  for (int64_t v = 0; v < nvars; ++v) {
+    if (out[v] != in[v]) std::memcpy(out[v], in[v], sizeof(float) * table_elems);
+  }
+  const int dim = static_cast<int>(width);
+  const float lr = hyper[0];
+  for (size_t k = 0; k < touched.size(); ++k) {
+    const int64_t off = touched[k] * width;
+    float* w = out[0] + off;
+    const float* gr = grad.data() + k * width;
+    const std::vector<float>& h = hyper;
+    if (opt->name == "sgd") {
+      rows::Sgd(w, gr, dim, lr);
+    } else if (opt->name == "adagrad") {
+      rows::Adagrad(w, out[1] + off, gr, dim, lr);
+    } else if (opt->name == "adam") {
+      rows::AdamDeltaForm(w, out[1] + off, out[2] + off, gr, dim, h[0], h[1], h[2], h[3]);
+    } else if (opt->name == "ftrl") {
+      rows::SparseCoreFtrl(w, out[1] + off, out[2] + off, gr, dim, lr, h[2], h[3], h[1], h[4],
+                           multiply_linear_by_lr, /*dp_over_lr_first=*/true);
+    } else if (opt->name == "adagrad_momentum") {
+      rows::AdagradMomentum(w, out[1] + off, out[2] + off, gr, dim, lr, h[1], h[5] != 0.0f, h[4],
+                            h[2], h[3]);
+    } else if (opt->name == "laprop") {
+      rows::LaProp(w, out[1] + off, out[2] + off, gr, dim, lr, h[1], h[2], h[3]);
+    } else if (opt->name == "f2a") {
+      rows::F2A(w, out[1] + off, out[2] + off, gr, dim, lr, h[1], h[2], h[3], h[4], h[5]);
+    }
+    for (int d = 0; d < dim; ++d) {
+      if (clip_min && w[d] < min_value) w[d] = min_value;
+      if (clip_max && w[d] > max_value) w[d] = max_value;
+    }
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace jax_sc
+}  // namespace tf_tpu_emb
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(TfTpuEmbScLookup, tf_tpu_emb::jax_sc::LookupImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // lhs_row_pointers
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // lhs_local_embedding_ids
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // lhs_local_sample_ids
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // lhs_gains
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // num_minibatches
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // embedding_table (all shards)
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // activations
+                                  .Attr<int64_t>("num_sc_per_device")
+                                  .Attr<int64_t>("num_devices")
+                                  .Attr<bool>("minibatching"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(TfTpuEmbScGrad, tf_tpu_emb::jax_sc::GradImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // lhs_row_pointers
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // lhs_local_embedding_ids
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // lhs_local_sample_ids
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // lhs_gains
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // num_minibatches (a device)
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // activations_grad
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // shard_offset
+                                  .RemainingArgs()               // table, slots, hypers
+                                  .RemainingRets()               // table, slots
+                                  .Attr<std::string_view>("optimizer")
+                                  .Attr<int64_t>("num_sc_per_device")
+                                  .Attr<int64_t>("num_devices")
+                                  .Attr<int64_t>("sources")
+                                  .Attr<bool>("clip_min")
+                                  .Attr<float>("min_value")
+                                  .Attr<bool>("clip_max")
+                                  .Attr<float>("max_value")
+                                  .Attr<bool>("multiply_linear_by_lr")
+                                  .Attr<bool>("minibatching"));
