@@ -120,7 +120,10 @@ inline void Ftrl(const RowArgs& a, const FtrlHyper& h) {
 // (p + 2*lr*l2) + beta -- takes a generic pow for every lr_power, and writes
 // -linear' (not 0 - linear') where l1 is 0.  Not in the optimizer table (no
 // proto field of its own): the SparseCore kernels call it directly.
-inline void SparseCoreFtrl(const RowArgs& a, const FtrlHyper& h) {
+// kDpOverLrFirst: jax-tpu-embedding's association without
+// multiply_linear_by_lr, (linear + g) - (dp/lr)*w (JaxFtrl below).
+template <bool kDpOverLrFirst>
+inline void SparseCoreFtrlForm(const RowArgs& a, const FtrlHyper& h) {
   const float l1 = h.l1, l2 = h.l2, lr = a.lr;
   float *acc = a.s[0], *lin = a.s[1];
   for (int d = 0; d < a.dim; ++d) {
@@ -136,13 +139,65 @@ inline void SparseCoreFtrl(const RowArgs& a, const FtrlHyper& h) {
       numer = l1 == 0 ? -lin_new : std::min(std::max(lin_new, -bound), bound) - lin_new;
       denom = (p_new + 2.0f * lr * l2) + h.beta;
     } else {
-      lin_new = (lin[d] + g) - dp * a.w[d] / lr;
+      lin_new = kDpOverLrFirst ? (lin[d] + g) - (dp / lr) * a.w[d]
+                               : (lin[d] + g) - dp * a.w[d] / lr;
       numer = l1 == 0 ? -lin_new : std::min(std::max(lin_new, -l1), l1) - lin_new;
       denom = (p_new + h.beta) / lr + 2.0f * l2;
     }
     a.w[d] = numer / denom;
     acc[d] = acc_new;
     lin[d] = lin_new;
+  }
+}
+
+inline void SparseCoreFtrl(const RowArgs& a, const FtrlHyper& h) {
+  SparseCoreFtrlForm<false>(a, h);
+}
+
+// ---- The JAX front end's (jax-tpu-embedding's optimizer computations;
+// docs/sparsecore_semantics.md §11), where its arithmetic differs from TF's.
+
+// FTRL: the SparseCore's, but (dp / lr) * w first without multiply_linear_by_lr.
+inline void JaxFtrl(const RowArgs& a, const FtrlHyper& h) { SparseCoreFtrlForm<true>(a, h); }
+
+// Adam: the moments in delta form, m += (1-beta1)*(g - m), v += (1-beta2)*(g*g - v),
+// and w -= lr * m / (sqrt(v) + epsilon), where the learning rate is the
+// package's alpha_t and epsilon its epsilon_hat (they carry the bias correction).
+inline void JaxAdam(const RowArgs& a, const AdamHyper& h) {
+  float *m = a.s[0], *v = a.s[1];
+  for (int d = 0; d < a.dim; ++d) {
+    const float g = a.g[d];
+    m[d] = m[d] + (1.0f - h.beta1) * (g - m[d]);
+    v[d] = v[d] + (1.0f - h.beta2) * (g * g - v[d]);
+    a.w[d] -= a.lr * m[d] / (std::sqrt(v[d]) + h.epsilon);
+  }
+}
+
+// LaProp: nu = decay*nu + (1-decay)*(g*g + eps);
+// mu = b1*mu + sqrt(1 - b1^2) * g / sqrt(nu); w -= lr * mu.
+inline void LaProp(const RowArgs& a, const LaPropHyper& h) {
+  float *mu = a.s[0], *nu = a.s[1];
+  const float scale = std::pow(1.0f - std::pow(h.b1, 2.0f), 0.5f);
+  for (int d = 0; d < a.dim; ++d) {
+    const float g = a.g[d];
+    nu[d] = nu[d] * h.decay_rate + (1.0f - h.decay_rate) * (g * g + h.eps);
+    mu[d] = h.b1 * mu[d] + scale * (g / std::sqrt(nu[d]));
+    a.w[d] -= a.lr * mu[d];
+  }
+}
+
+// Frequency-aware Adagrad (the package's F2A): local_step += 1;
+// f = min(pow(max(global_step, 1) / local_step, rho), max_lr_multiplier);
+// acc += g*g; w -= lr * (g*f / sqrt(acc) + (l1*sign(w) + l2*w)).
+inline void F2a(const RowArgs& a, const F2aHyper& h) {
+  float *acc = a.s[0], *local_step = a.s[1];
+  for (int d = 0; d < a.dim; ++d) {
+    const float g = a.g[d];
+    local_step[d] += 1.0f;
+    const float f = std::min(std::pow(std::max(h.global_step, 1.0f) / local_step[d], h.rho),
+                             h.max_lr_multiplier);
+    acc[d] += g * g;
+    a.w[d] -= a.lr * ((g * f) / std::sqrt(acc[d]) + (h.l1 * Sign(a.w[d]) + h.l2 * a.w[d]));
   }
 }
 

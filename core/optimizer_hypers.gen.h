@@ -134,6 +134,22 @@ struct AssignHyper {};
 // OptimizationParameters.user_defined_program
 struct UserDefinedProgramHyper {};
 
+// SPARSECORE_OPTIMIZERS' LaProp (no V1 optimizer)
+struct LaPropHyper {
+  float b1;
+  float decay_rate;
+  float eps;
+};
+
+// SPARSECORE_OPTIMIZERS' F2a (no V1 optimizer)
+struct F2aHyper {
+  float rho;
+  float l1;
+  float l2;
+  float max_lr_multiplier;
+  float global_step;
+};
+
 }  // namespace opt
 
 // The hyper-parameters of one table, as read from its proto (and its

@@ -5,6 +5,7 @@
 #ifndef TF_TPU_EMB_CORE_SPARSECORE_OPTIMIZERS_GEN_H_
 #define TF_TPU_EMB_CORE_SPARSECORE_OPTIMIZERS_GEN_H_
 
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -14,9 +15,9 @@
 namespace tf_tpu_emb {
 namespace sc_opt {
 
-enum class Opt { kSgd, kAdagrad, kAdagradMomentum, kAdam, kFtrl };
+enum class Opt { kSgd, kAdagrad, kAdagradMomentum, kAdam, kFtrl, kLaProp, kF2a };
 
-constexpr int kNumOptimizers = 5;
+constexpr int kNumOptimizers = 7;
 // Slots of a SparseCore optimizer at most (RowArgs.s[0..kMaxSlots)).
 constexpr int kMaxSlots = 2;
 static_assert(kMaxSlots <= ::tf_tpu_emb::kMaxSlots, "RowArgs holds the slots");
@@ -27,15 +28,18 @@ struct Hyper {
   opt::AdagradMomentumHyper adagrad_momentum{};
   opt::AdamHyper adam{};
   opt::FtrlHyper ftrl{};
+  opt::LaPropHyper la_prop{};
+  opt::F2aHyper f2a{};
 };
 
 // The op infix (XlaSparseCore<Name>, XlaSparseDenseMatmulGradWith<Name>And...).
-inline constexpr const char* kNames[kNumOptimizers] = {"Sgd", "Adagrad", "AdagradMomentum", "Adam", "Ftrl"};
-inline constexpr int kNumSlots[kNumOptimizers] = {0, 1, 2, 2, 2};
+inline constexpr const char* kNames[kNumOptimizers] = {"Sgd", "Adagrad", "AdagradMomentum", "Adam", "Ftrl", "LaProp", "F2a"};
+inline constexpr int kNumSlots[kNumOptimizers] = {0, 1, 2, 2, 2, 2, 2};
 constexpr const char* NameOf(Opt o) { return kNames[static_cast<int>(o)]; }
 constexpr int NumSlotsOf(Opt o) { return kNumSlots[static_cast<int>(o)]; }
 
-// Calls f(std::integral_constant<Opt, o>) for every optimizer, in order.
+// Calls f(std::integral_constant<Opt, o>) for every optimizer with
+// TensorFlow ops, in order.
 template <typename F>
 void ForEachOptimizer(F&& f) {
   f(std::integral_constant<Opt, Opt::kSgd>{});
@@ -59,6 +63,8 @@ inline constexpr StandaloneLayout kStandaloneLayouts[kNumOptimizers] = {
     {0, 1, 2, 7, {5, 6}, {1, 2}},  // AdagradMomentum
     {1, 2, 3, 0, {4, 5}, {2, 1}},  // Adam
     {4, 5, 3, 0, {1, 2}, {1, 2}},  // Ftrl
+    {-1, -1, -1, -1, {-1, -1}, {-1, -1}},  // LaProp: no TF ops
+    {-1, -1, -1, -1, {-1, -1}, {-1, -1}},  // F2a: no TF ops
 };
 constexpr StandaloneLayout StandaloneLayoutOf(Opt o) {
   return kStandaloneLayouts[static_cast<int>(o)];
@@ -155,6 +161,88 @@ TF_TPU_EMB_INLINE_INTO_CLONES void Update(Opt o, const RowArgs& a, const Hyper& 
     case Opt::kAdagradMomentum: opt::AdagradMomentum(a, h.adagrad_momentum); return;
     case Opt::kAdam: opt::Adam(a, h.adam); return;
     case Opt::kFtrl: opt::SparseCoreFtrl(a, h.ftrl); return;
+    case Opt::kLaProp: opt::LaProp(a, h.la_prop); return;
+    case Opt::kF2a: opt::F2a(a, h.f2a); return;
+  }
+}
+
+// ---- The JAX front end (jax-tpu-embedding's primitives, jax_ffi/).
+// The package's optimizer names (nullptr: none), and its scalar
+// hyper-parameter operands' count, the learning rate first.
+inline constexpr const char* kJaxNames[kNumOptimizers] = {"sgd", "adagrad", "adagrad_momentum", "adam", "ftrl", "laprop", "f2a"};
+inline constexpr int kJaxScalars[kNumOptimizers] = {1, 1, 6, 4, 5, 4, 6};
+constexpr int NumJaxScalars(Opt o) { return kJaxScalars[static_cast<int>(o)]; }
+
+// The optimizer jax-tpu-embedding calls `name`; false if none.
+inline bool FindJaxOptimizer(std::string_view name, Opt* out) {
+  for (int k = 0; k < kNumOptimizers; ++k) {
+    if (kJaxNames[k] != nullptr && name == kJaxNames[k]) {
+      *out = static_cast<Opt>(k);
+      return true;
+    }
+  }
+  return false;
+}
+
+// Calls visit(int index, const char* name, bool* or float* value)
+// for each JAX scalar operand of `o`, in TF's order, stopping at the first
+// false; returns false then.
+template <typename Visit>
+bool VisitJaxScalars(Opt o, Hyper* h, Visit&& visit) {
+  switch (o) {
+    case Opt::kAdagradMomentum:
+      return visit(1, "momentum", &h->adagrad_momentum.momentum) &&
+             visit(2, "beta2", &h->adagrad_momentum.beta2) &&
+             visit(3, "epsilon", &h->adagrad_momentum.epsilon) &&
+             visit(4, "exponent", &h->adagrad_momentum.exponent) &&
+             visit(5, "nesterov", &h->adagrad_momentum.use_nesterov);
+    case Opt::kAdam:
+      return visit(1, "beta_1", &h->adam.beta1) &&
+             visit(2, "beta_2", &h->adam.beta2) &&
+             visit(3, "epsilon_hat", &h->adam.epsilon);
+    case Opt::kFtrl:
+      return visit(1, "learning_rate_power", &h->ftrl.lr_power) &&
+             visit(2, "l1", &h->ftrl.l1) &&
+             visit(3, "l2", &h->ftrl.l2) &&
+             visit(4, "beta", &h->ftrl.beta);
+    case Opt::kLaProp:
+      return visit(1, "b1", &h->la_prop.b1) &&
+             visit(2, "decay_rate", &h->la_prop.decay_rate) &&
+             visit(3, "eps", &h->la_prop.eps);
+    case Opt::kF2a:
+      return visit(1, "rho", &h->f2a.rho) &&
+             visit(2, "l1", &h->f2a.l1) &&
+             visit(3, "l2", &h->f2a.l2) &&
+             visit(4, "max_lr_multiplier", &h->f2a.max_lr_multiplier) &&
+             visit(5, "global_step", &h->f2a.global_step);
+    default:
+      return true;
+  }
+}
+
+// Calls visit(const char* name, bool* or float* value)
+// for each JAX FFI attr of `o`, in TF's order, stopping at the first
+// false; returns false then.
+template <typename Visit>
+bool VisitJaxAttrs(Opt o, Hyper* h, Visit&& visit) {
+  switch (o) {
+    case Opt::kFtrl:
+      return visit("multiply_linear_by_lr", &h->ftrl.multiply_linear_by_lr);
+    default:
+      return true;
+  }
+}
+
+// One row update as the JAX front end's package computes it.
+TF_TPU_EMB_INLINE_INTO_CLONES void JaxUpdate(Opt o, const RowArgs& a, const Hyper& h) {
+  switch (o) {
+    case Opt::kSgd: opt::StochasticGradientDescent(a, {}); return;
+    case Opt::kAdagrad: opt::Adagrad(a, {}); return;
+    case Opt::kAdagradMomentum: opt::AdagradMomentum(a, h.adagrad_momentum); return;
+    case Opt::kAdam: opt::JaxAdam(a, h.adam); return;
+    case Opt::kFtrl: opt::JaxFtrl(a, h.ftrl); return;
+    case Opt::kLaProp: opt::LaProp(a, h.la_prop); return;
+    case Opt::kF2a: opt::F2a(a, h.f2a); return;
   }
 }
 

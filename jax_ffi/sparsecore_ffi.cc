@@ -2,7 +2,7 @@
 // on a CPU (docs/sparsecore_semantics.md, "The JAX (jax-tpu-embedding)
 // layout"); tf_tpu_emb/jax/ registers them and the CPU lowering rules that
 // call them.  Built against jaxlib's xla/ffi/api/ffi.h by jax_ffi/build.py;
-// no TensorFlow here: the optimizer arithmetic is core/row_updates.h, the one
+// no TensorFlow here: the optimizer arithmetic is core/optimizer_formulas.h, the one
 // implementation TF's SparseCore kernels use too, and the CSR constants are
 // core/sparsecore.h's.
 //
@@ -14,9 +14,10 @@
 #include <cstring>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
-#include "core/row_updates.h"
+#include "core/sparsecore_optimizers.gen.h"
 #include "core/sparsecore.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -246,29 +247,11 @@ ffi::Error LookupImpl(ffi::Buffer<ffi::S32> rp, ffi::Buffer<ffi::S32> ids,
   });
 }
 
-// What one optimizer reads besides the gradient: its slots and hyper-parameters.
-struct Optimizer {
-  std::string_view name;
-  int slots;
-  int hypers;  // scalar operands, learning rate first
-};
-
-// The hyper-parameter operands in the package's order (its OptimizerSpec's
-// get_hyperparameters); a boolean one arrives as 0 or 1.
-constexpr Optimizer kOptimizers[] = {
-    {"sgd", 0, 1},               // learning_rate
-    {"adagrad", 1, 1},           // learning_rate
-    {"adam", 2, 4},              // alpha_t, beta_1, beta_2, epsilon_hat
-    {"ftrl", 2, 5},              // learning_rate, learning_rate_power, l1, l2, beta
-    {"adagrad_momentum", 2, 6},  // learning_rate, momentum, beta2, epsilon, exponent, nesterov
-    {"laprop", 2, 4},            // learning_rate, b1, decay_rate, eps
-    {"f2a", 2, 6},               // learning_rate, rho, l1, l2, max_lr_multiplier, global_step
-};
-
 // The gradient and update (sparse_dense_matmul_grad_with_<optimizer>): the
 // gradient of a row is the sum of gain * activations_grad[sample] over its
 // ids from every device and SparseCore, in buffer order; each row with an id
-// is updated once by the optimizer (core/row_updates.h), then clipped to
+// is updated once by the optimizer (core/sparsecore_optimizers.gen.h's JaxUpdate:
+// core/optimizer_formulas.h), then clipped to
 // [min_value, max_value] where given; other rows are unchanged.  This
 // device's table operand holds the shards of global SparseCores
 // [shard_offset, shard_offset + num_sc); ids of other shards are checked and
@@ -285,20 +268,20 @@ ffi::Error GradImpl(ffi::Buffer<ffi::S32> rp, ffi::Buffer<ffi::S32> ids,
   if (ffi::Error e = CheckCommon(rp, ids, samples, gains, num_sc, num_devices); e.failure()) {
     return e;
   }
-  const Optimizer* opt = nullptr;
-  for (const Optimizer& o : kOptimizers) {
-    if (o.name == optimizer) opt = &o;
+  sc_opt::Opt opt;
+  if (!sc_opt::FindJaxOptimizer(optimizer, &opt)) {
+    return Invalid("optimizer: '" + std::string(optimizer) + "' is unknown");
   }
-  if (opt == nullptr) return Invalid("optimizer: '" + std::string(optimizer) + "' is unknown");
+  const int num_hypers = sc_opt::NumJaxScalars(opt);
   if (sources <= 0 || sources > kMaxCount) {
     return Invalid("sources: " + Str(sources) + " is not in [1, " + Str(kMaxCount) + "]");
   }
-  const int64_t nvars = 1 + opt->slots;
-  if (static_cast<int64_t>(args.size()) != nvars + opt->hypers ||
+  const int64_t nvars = 1 + sc_opt::NumSlotsOf(opt);
+  if (static_cast<int64_t>(args.size()) != nvars + num_hypers ||
       static_cast<int64_t>(rets.size()) != nvars) {
     return Invalid("optimizer " + std::string(optimizer) + ": " + Str(args.size()) +
                    " table/slot/hyper-parameter operands and " + Str(rets.size()) +
-                   " results; expected " + Str(nvars + opt->hypers) + " and " + Str(nvars));
+                   " results; expected " + Str(nvars + num_hypers) + " and " + Str(nvars));
   }
   std::vector<const float*> in(nvars);
   std::vector<float*> out(nvars);
@@ -326,16 +309,35 @@ ffi::Error GradImpl(ffi::Buffer<ffi::S32> rp, ffi::Buffer<ffi::S32> ids,
     in[v] = a.value().typed_data();
     out[v] = (*r.value()).typed_data();
   }
-  std::vector<float> hyper(opt->hypers);
-  for (int h = 0; h < opt->hypers; ++h) {
+  // The scalar operands: the learning rate, then the optimizer's own
+  // (named by the optimizer source), and the handler's attrs it reads.
+  std::vector<std::string> names(num_hypers, "learning_rate");
+  sc_opt::Hyper hyper{};
+  sc_opt::VisitJaxScalars(opt, &hyper, [&](int index, const char* name, auto*) {
+    names[index] = name;
+    return true;
+  });
+  std::vector<float> scalar(num_hypers);
+  for (int h = 0; h < num_hypers; ++h) {
     auto a = args.get<ffi::Buffer<ffi::F32>>(nvars + h);
     if (a.has_error() || a.value().element_count() != 1) {
-      return Invalid("hyper-parameter " + Str(h) + " (" +
-                     (h == 0 ? std::string("learning_rate") : std::string("optimizer's")) +
-                     "): not a float32 scalar");
+      return Invalid("hyper-parameter " + Str(h) + " (" + names[h] + "): not a float32 scalar");
     }
-    hyper[h] = a.value().typed_data()[0];
+    scalar[h] = a.value().typed_data()[0];
   }
+  sc_opt::VisitJaxScalars(opt, &hyper, [&](int index, const char*, auto* value) {
+    using T = std::remove_pointer_t<decltype(value)>;
+    if constexpr (std::is_same_v<T, bool>) {
+      *value = scalar[index] != 0.0f;
+    } else {
+      *value = scalar[index];
+    }
+    return true;
+  });
+  sc_opt::VisitJaxAttrs(opt, &hyper, [&](const char* name, auto* value) {
+    if (std::string_view(name) == "multiply_linear_by_lr") *value = multiply_linear_by_lr;
+    return true;
+  });
   const int64_t width = Width(tdims);
   const auto gdims = act_grad.dimensions();
   if ((gdims.size() != 1 && gdims.size() != 2) || Width(gdims) != width) {
@@ -392,29 +394,16 @@ ffi::Error GradImpl(ffi::Buffer<ffi::S32> rp, ffi::Buffer<ffi::S32> ids,
     if (out[v] != in[v]) std::memcpy(out[v], in[v], sizeof(float) * table_elems);
   }
   const int dim = static_cast<int>(width);
-  const float lr = hyper[0];
   for (size_t k = 0; k < touched.size(); ++k) {
     const int64_t off = touched[k] * width;
     float* w = out[0] + off;
-    const float* gr = grad.data() + k * width;
-    const std::vector<float>& h = hyper;
-    if (opt->name == "sgd") {
-      rows::Sgd(w, gr, dim, lr);
-    } else if (opt->name == "adagrad") {
-      rows::Adagrad(w, out[1] + off, gr, dim, lr);
-    } else if (opt->name == "adam") {
-      rows::AdamDeltaForm(w, out[1] + off, out[2] + off, gr, dim, h[0], h[1], h[2], h[3]);
-    } else if (opt->name == "ftrl") {
-      rows::SparseCoreFtrl(w, out[1] + off, out[2] + off, gr, dim, lr, h[2], h[3], h[1], h[4],
-                           multiply_linear_by_lr, /*dp_over_lr_first=*/true);
-    } else if (opt->name == "adagrad_momentum") {
-      rows::AdagradMomentum(w, out[1] + off, out[2] + off, gr, dim, lr, h[1], h[5] != 0.0f, h[4],
-                            h[2], h[3]);
-    } else if (opt->name == "laprop") {
-      rows::LaProp(w, out[1] + off, out[2] + off, gr, dim, lr, h[1], h[2], h[3]);
-    } else if (opt->name == "f2a") {
-      rows::F2A(w, out[1] + off, out[2] + off, gr, dim, lr, h[1], h[2], h[3], h[4], h[5]);
-    }
+    RowArgs a{};
+    a.w = w;
+    for (int64_t v = 1; v < nvars; ++v) a.s[v - 1] = out[v] + off;
+    a.g = grad.data() + k * width;
+    a.dim = dim;
+    a.lr = scalar[0];
+    sc_opt::JaxUpdate(opt, a, hyper);
     for (int d = 0; d < dim; ++d) {
       if (clip_min && w[d] < min_value) w[d] = min_value;
       if (clip_max && w[d] > max_value) w[d] = max_value;

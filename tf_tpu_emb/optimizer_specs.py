@@ -514,6 +514,19 @@ class SparseCoreOptimizerInfo:
     standalone_outputs: the tables it returns (``updated_<name>``), in order.
     standalone_attrs: its attrs after ``feature_width``.
     standalone_scalars: its scalar hyper-parameter inputs.
+    tf_ops: TensorFlow has its ops (False: a JAX-only optimizer, no op defs,
+      no kernels).
+    own_hypers: ``(member, kind)`` of its own hyper-parameter struct
+      (``opt::<Camel(hyper)>Hyper``, generated into
+      ``core/optimizer_hypers.gen.h``) where ``hyper`` names no V1 optimizer.
+    jax_name: jax-tpu-embedding's name of the optimizer (its primitive
+      ``sparse_dense_matmul_grad_with_<jax_name>``), or None.
+    jax_formula: the formula the JAX front end runs, where the package's
+      arithmetic differs from TF's (default: ``formula``).
+    jax_hypers: the package's scalar hyper-parameter operands after the first
+      (the learning rate), in its order (``get_hyperparameters``); a BOOL one
+      arrives as 0 or 1.
+    jax_attrs: the FFI handler's attrs it reads.
     """
     name: str
     formula: str
@@ -525,6 +538,12 @@ class SparseCoreOptimizerInfo:
     standalone_outputs: Tuple[str, ...] = ()
     standalone_attrs: Tuple[ScHyper, ...] = ()
     standalone_scalars: Tuple[ScHyper, ...] = ()
+    tf_ops: bool = True
+    own_hypers: Tuple[Tuple[str, str], ...] = ()
+    jax_name: Optional[str] = None
+    jax_formula: Optional[str] = None
+    jax_hypers: Tuple[ScHyper, ...] = ()
+    jax_attrs: Tuple[ScHyper, ...] = ()
 
     @property
     def enum(self):
@@ -552,7 +571,9 @@ class SparseCoreOptimizerInfo:
 
     @property
     def op_names(self):
-        """TF's names of every op of this optimizer."""
+        """TF's names of every op of this optimizer (none for a JAX-only one)."""
+        if not self.tf_ops:
+            return ()
         return self.grad_op_names + (self.combiner_grad_op_name, self.standalone_op_name)
 
 
@@ -562,13 +583,13 @@ SPARSECORE_OPTIMIZERS = (
     SparseCoreOptimizerInfo(
         "Sgd", "StochasticGradientDescent", "stochastic_gradient_descent",
         standalone_inputs=_SC_TABLE_ROLES,
-        standalone_outputs=("embedding_table",)),
+        standalone_outputs=("embedding_table",), jax_name="sgd"),
     SparseCoreOptimizerInfo(
         "Adagrad", "Adagrad", "adagrad", slots=("accumulator",),
         standalone_inputs=("indices", "gradient", "learning_rate", "accumulator",
                            "embedding_table"),
         standalone_slots=("accumulator",),
-        standalone_outputs=("embedding_table", "accumulator")),
+        standalone_outputs=("embedding_table", "accumulator"), jax_name="adagrad"),
     SparseCoreOptimizerInfo(
         "AdagradMomentum", "AdagradMomentum", "adagrad_momentum",
         slots=("accumulator", "momenta"),
@@ -583,7 +604,11 @@ SPARSECORE_OPTIMIZERS = (
         standalone_attrs=(ScHyper("use_nesterov", "use_nesterov", BOOL),
                           ScHyper("beta_2", "beta2"),
                           ScHyper("exponent", "exponent", nonzero=True)),
-        standalone_scalars=(ScHyper("beta_1", "momentum"), ScHyper("epsilon", "epsilon"))),
+        standalone_scalars=(ScHyper("beta_1", "momentum"), ScHyper("epsilon", "epsilon")),
+        jax_name="adagrad_momentum",
+        jax_hypers=(ScHyper("momentum", "momentum"), ScHyper("beta2", "beta2"),
+                    ScHyper("epsilon", "epsilon"), ScHyper("exponent", "exponent"),
+                    ScHyper("nesterov", "use_nesterov", BOOL))),
     SparseCoreOptimizerInfo(
         "Adam", "Adam", "adam", slots=("momenta", "velocity"),
         grad_attrs=(ScHyper("use_sum_inside_sqrt", "use_sum_inside_sqrt", BOOL),
@@ -595,7 +620,12 @@ SPARSECORE_OPTIMIZERS = (
         standalone_outputs=("embedding_table", "velocity", "momentum"),
         standalone_attrs=(ScHyper("use_sum_inside_sqrt", "use_sum_inside_sqrt", BOOL),),
         standalone_scalars=(ScHyper("beta_1", "beta1"), ScHyper("beta_2", "beta2"),
-                            ScHyper("epsilon", "epsilon"))),
+                            ScHyper("epsilon", "epsilon")),
+        # The package's Adam: the moments in delta form, its first operand
+        # alpha_t (the bias-corrected rate) as the learning rate.
+        jax_name="adam", jax_formula="JaxAdam",
+        jax_hypers=(ScHyper("beta_1", "beta1"), ScHyper("beta_2", "beta2"),
+                    ScHyper("epsilon_hat", "epsilon"))),
     SparseCoreOptimizerInfo(
         # TF's SparseCore builder associates FTRL differently from the V1
         # engine's (docs/sparsecore_semantics.md §6): a formula of its own.
@@ -614,6 +644,27 @@ SPARSECORE_OPTIMIZERS = (
                           ScHyper("l1_regularization_strength", "l1")),
         standalone_scalars=(ScHyper("beta", "beta"),
                             ScHyper("learning_rate_power", "lr_power"),
-                            ScHyper("l2_regularization_strength", "l2"))),
+                            ScHyper("l2_regularization_strength", "l2")),
+        # The package's FTRL takes (dp / lr) * w first without multiply_linear_by_lr.
+        jax_name="ftrl", jax_formula="JaxFtrl",
+        jax_hypers=(ScHyper("learning_rate_power", "lr_power"), ScHyper("l1", "l1"),
+                    ScHyper("l2", "l2"), ScHyper("beta", "beta")),
+        jax_attrs=(ScHyper("multiply_linear_by_lr", "multiply_linear_by_lr", BOOL),)),
+    SparseCoreOptimizerInfo(
+        # jax-tpu-embedding's LaProp (no TF ops).
+        "LaProp", "LaProp", "la_prop", slots=("mu", "nu"), tf_ops=False,
+        own_hypers=(("b1", FLOAT), ("decay_rate", FLOAT), ("eps", FLOAT)),
+        jax_name="laprop",
+        jax_hypers=(ScHyper("b1", "b1"), ScHyper("decay_rate", "decay_rate"),
+                    ScHyper("eps", "eps"))),
+    SparseCoreOptimizerInfo(
+        # jax-tpu-embedding's frequency-aware Adagrad (no TF ops).
+        "F2a", "F2a", "f2a", slots=("accumulator", "local_step"), tf_ops=False,
+        own_hypers=(("rho", FLOAT), ("l1", FLOAT), ("l2", FLOAT),
+                    ("max_lr_multiplier", FLOAT), ("global_step", FLOAT)),
+        jax_name="f2a",
+        jax_hypers=(ScHyper("rho", "rho"), ScHyper("l1", "l1"), ScHyper("l2", "l2"),
+                    ScHyper("max_lr_multiplier", "max_lr_multiplier"),
+                    ScHyper("global_step", "global_step"))),
 )
 """The SparseCore optimizers, in the order of the C++ ``sparsecore::Opt`` enum."""

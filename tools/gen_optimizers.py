@@ -110,6 +110,13 @@ def hypers_header(specs):
                            % (_CPP_TYPES[h.kind], h.field))
             out.append("};")
         out.append("")
+    for sc in getattr(specs, "SPARSECORE_OPTIMIZERS", ()):
+        if sc.own_hypers:
+            out.append("// SPARSECORE_OPTIMIZERS' %s (no V1 optimizer)" % sc.name)
+            out.append("struct %sHyper {" % camel(sc.hyper))
+            for member, kind in sc.own_hypers:
+                out.append("  %s %s;" % (_CPP_TYPES[kind], member))
+            out += ["};", ""]
     out += ["}  // namespace opt", "",
             "// The hyper-parameters of one table, as read from its proto (and its",
             "// dynamic inputs, bound at every step): the member named after the",
@@ -254,6 +261,9 @@ def _sc_hyper_members(specs):
     by_field = {i.proto_field: i for i in specs.OPTIMIZERS}
     out = {}
     for sc in specs.SPARSECORE_OPTIMIZERS:
+        if sc.own_hypers:
+            out[sc.hyper] = True
+            continue
         info = by_field[sc.hyper]
         out[sc.hyper] = bool(info.engine_hypers or info.dynamic_inputs)
     return out
@@ -262,10 +272,11 @@ def _sc_hyper_members(specs):
 def _sc_visitor(sc_infos, fn, what, field, with_input):
     """A `Visit<fn>` function: calls visit(...) on each hyper-parameter of
     `field` (attrs or scalar inputs) of the live optimizer."""
-    sig = "int input, const char* name, float* value" if with_input else (
-        "const char* name, bool* or float* value")
+    sig = ("int input, const char* name, float* value" if with_input == "input" else
+           "int index, const char* name, bool* or float* value" if with_input == "index" else
+           "const char* name, bool* or float* value")
     out = ["// Calls visit(%s)" % sig,
-           "// for each %s of `o`, in TF's order, stopping at the first" % what,
+           "// for each %s of `o`, in its op's order, stopping at the first" % what,
            "// false; returns false then.",
            "template <typename Visit>",
            "bool %s(Opt o, Hyper* h, Visit&& visit) {" % fn,
@@ -277,14 +288,52 @@ def _sc_visitor(sc_infos, fn, what, field, with_input):
         calls = []
         for hp in hypers:
             target = "&h->%s.%s" % (sc.hyper, hp.member)
-            if with_input:
+            if with_input == "input":
                 calls.append('visit(%d, "%s", %s)' % (sc.standalone_inputs.index(hp.name),
                                                       hp.name, target))
+            elif with_input == "index":  # the learning rate is scalar 0
+                calls.append('visit(%d, "%s", %s)' % (1 + hypers.index(hp), hp.name, target))
             else:
                 calls.append('visit("%s", %s)' % (hp.name, target))
         out.append("    case Opt::%s:" % sc.enum)
         out.append("      return " + " &&\n             ".join(calls) + ";")
     out += ["    default:", "      return true;", "  }", "}", ""]
+    return out
+
+
+def _sc_jax(sc_infos, members):
+    """The JAX front end's part: names, scalar counts, visitors, dispatch."""
+    out = ["// ---- The JAX front end (jax-tpu-embedding's primitives, jax_ffi/).",
+           "// The package's optimizer names (nullptr: none), and its scalar",
+           "// hyper-parameter operands' count, the learning rate first.",
+           "inline constexpr const char* kJaxNames[kNumOptimizers] = {%s};" % ", ".join(
+               '"%s"' % s.jax_name if s.jax_name else "nullptr" for s in sc_infos),
+           "inline constexpr int kJaxScalars[kNumOptimizers] = {%s};" % ", ".join(
+               str(1 + len(s.jax_hypers)) if s.jax_name else "0" for s in sc_infos),
+           "constexpr int NumJaxScalars(Opt o) { return kJaxScalars[static_cast<int>(o)]; }",
+           "",
+           "// The optimizer jax-tpu-embedding calls `name`; false if none.",
+           "inline bool FindJaxOptimizer(std::string_view name, Opt* out) {",
+           "  for (int k = 0; k < kNumOptimizers; ++k) {",
+           "    if (kJaxNames[k] != nullptr && name == kJaxNames[k]) {",
+           "      *out = static_cast<Opt>(k);",
+           "      return true;",
+           "    }",
+           "  }",
+           "  return false;",
+           "}", ""]
+    out += _sc_visitor(sc_infos, "VisitJaxScalars", "JAX scalar operand", "jax_hypers",
+                       "index")
+    out += _sc_visitor(sc_infos, "VisitJaxAttrs", "JAX FFI attr", "jax_attrs", None)
+    out += ["// One row update as the JAX front end's package computes it.",
+            "TF_TPU_EMB_INLINE_INTO_CLONES void JaxUpdate(Opt o, const RowArgs& a, "
+            "const Hyper& h) {",
+            "  switch (o) {"]
+    for sc in sc_infos:
+        arg = "h.%s" % sc.hyper if members[sc.hyper] else "{}"
+        out.append("    case Opt::%s: opt::%s(a, %s); return;" % (
+            sc.enum, sc.jax_formula or sc.formula, arg))
+    out += ["  }", "}", ""]
     return out
 
 
@@ -299,7 +348,7 @@ def sparsecore_header(specs):
     out = _header("TF_TPU_EMB_CORE_SPARSECORE_OPTIMIZERS_GEN_H_",
                   "The SparseCore optimizers:\n// free of TensorFlow (the op "
                   "registration, the TF kernels and the JAX FFI handlers read it).")
-    out += ["#include <type_traits>", "#include <vector>", "",
+    out += ["#include <string_view>", "#include <type_traits>", "#include <vector>", "",
             '#include "core/cpu_dispatch.h"', '#include "core/optimizer_formulas.h"', "",
             "namespace tf_tpu_emb {", "namespace sc_opt {", "",
             "enum class Opt { %s };" % ", ".join(s.enum for s in sc_infos), "",
@@ -324,10 +373,11 @@ def sparsecore_header(specs):
             % ", ".join(str(len(s.slots)) for s in sc_infos),
             "constexpr const char* NameOf(Opt o) { return kNames[static_cast<int>(o)]; }",
             "constexpr int NumSlotsOf(Opt o) { return kNumSlots[static_cast<int>(o)]; }", "",
-            "// Calls f(std::integral_constant<Opt, o>) for every optimizer, in order.",
+            "// Calls f(std::integral_constant<Opt, o>) for every optimizer with",
+            "// TensorFlow ops, in order.",
             "template <typename F>",
             "void ForEachOptimizer(F&& f) {"]
-    for sc in sc_infos:
+    for sc in (s for s in sc_infos if s.tf_ops):
         out.append("  f(std::integral_constant<Opt, Opt::%s>{});" % sc.enum)
     out += ["}", "",
             "// XlaSparseCore<Name>: the input positions of its tensors (TF's orders",
@@ -339,6 +389,10 @@ def sparsecore_header(specs):
             "};", "",
             "inline constexpr StandaloneLayout kStandaloneLayouts[kNumOptimizers] = {"]
     for sc in sc_infos:
+        if not sc.tf_ops:
+            out.append("    {-1, -1, -1, -1, {%s}, {%s}},  // %s: no TF ops" % (
+                ", ".join(["-1"] * max_slots), ", ".join(["-1"] * max_slots), sc.name))
+            continue
         pos = sc.standalone_inputs.index
         slots = [pos(s) for s in sc.standalone_slots] + [-1] * (max_slots - len(sc.slots))
         outs = [sc.standalone_outputs.index(s) for s in sc.standalone_slots]
@@ -349,11 +403,11 @@ def sparsecore_header(specs):
     out += ["};",
             "constexpr StandaloneLayout StandaloneLayoutOf(Opt o) {",
             "  return kStandaloneLayouts[static_cast<int>(o)];", "}", ""]
-    out += _sc_visitor(sc_infos, "VisitGradAttrs", "gradient op attr", "grad_attrs", False)
+    out += _sc_visitor(sc_infos, "VisitGradAttrs", "gradient op attr", "grad_attrs", None)
     out += _sc_visitor(sc_infos, "VisitStandaloneAttrs", "XlaSparseCore<Name> attr",
-                       "standalone_attrs", False)
+                       "standalone_attrs", None)
     out += _sc_visitor(sc_infos, "VisitStandaloneScalars", "XlaSparseCore<Name> scalar input",
-                       "standalone_scalars", True)
+                       "standalone_scalars", "input")
     out += ["// The first hyper-parameter of `o` that must not be 0 and is, or nullptr",
             "// (\"<name> must not be 0\").",
             "inline const char* ZeroHyper(Opt o, const Hyper& h) {", "  switch (o) {"]
@@ -375,7 +429,9 @@ def sparsecore_header(specs):
     for sc in sc_infos:
         arg = "h.%s" % sc.hyper if members[sc.hyper] else "{}"
         out.append("    case Opt::%s: opt::%s(a, %s); return;" % (sc.enum, sc.formula, arg))
-    out += ["  }", "}", "",
+    out += ["  }", "}", ""]
+    out += _sc_jax(sc_infos, members)
+    out += [
             "// The op definitions' per-optimizer parts (ops/sparsecore_optimizer_ops.cc):",
             "// the gradient ops' slots (inputs after embedding_table, outputs",
             "// \"updated_<slot>\") and hyper-parameter attrs (before the clip attrs);",
@@ -393,7 +449,7 @@ def sparsecore_header(specs):
             "inline const std::vector<OpDef>& OpDefs() {",
             "  static const auto* const kAll = new std::vector<OpDef>{"]
     q = lambda xs: "{%s}" % ", ".join('"%s"' % x for x in xs)
-    for sc in sc_infos:
+    for sc in (s for s in sc_infos if s.tf_ops):
         out += ['      {Opt::%s, "%s", %s,' % (sc.enum, sc.name, q(sc.slots)),
                 "       %s," % q(_sc_attr(h) for h in sc.grad_attrs),
                 "       %s," % q(sc.standalone_inputs),

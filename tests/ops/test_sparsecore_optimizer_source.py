@@ -47,10 +47,18 @@ def test_spec_entries_are_consistent():
     optimizer's, every member it sets exists there, every standalone input is
     a role, a slot or a scalar, and its outputs are among its inputs."""
     for sc in S.SPARSECORE_OPTIMIZERS:
-        v1 = S.BY_PROTO_FIELD[sc.hyper]
-        fields = {h.field for h in v1.engine_hypers}
-        for hp in sc.grad_attrs + sc.standalone_attrs + sc.standalone_scalars:
+        if sc.own_hypers:
+            assert sc.hyper not in S.BY_PROTO_FIELD, sc.name
+            fields = {member for member, _ in sc.own_hypers}
+        else:
+            fields = {h.field for h in S.BY_PROTO_FIELD[sc.hyper].engine_hypers}
+        for hp in (sc.grad_attrs + sc.standalone_attrs + sc.standalone_scalars +
+                   sc.jax_hypers + sc.jax_attrs):
             assert hp.member in fields, (sc.name, hp)
+        assert sc.tf_ops or sc.jax_name, sc.name  # some front end runs it
+        if not sc.tf_ops:
+            assert not (sc.grad_attrs or sc.standalone_inputs or sc.op_names), sc.name
+            continue
         roles = {"indices", "gradient", "learning_rate", "embedding_table"}
         scalars = {h.name for h in sc.standalone_scalars}
         assert set(sc.standalone_inputs) == roles | set(sc.standalone_slots) | scalars, sc.name
@@ -63,7 +71,7 @@ def test_op_names_come_from_the_spec():
     """tf_tpu_emb/ops.py's SparseCore name lists are the spec's."""
     per_opt = {n for sc in S.SPARSECORE_OPTIMIZERS for n in sc.op_names}
     assert per_opt <= set(tte_ops.SPARSECORE_OP_NAMES)
-    assert len(per_opt) == 4 * len(S.SPARSECORE_OPTIMIZERS)
+    assert len(per_opt) == 4 * sum(sc.tf_ops for sc in S.SPARSECORE_OPTIMIZERS)
     assert set(tte_ops.SPARSECORE_IN_PLACE_OP_NAMES) == {
         n for sc in S.SPARSECORE_OPTIMIZERS for n in sc.in_place_op_names}
 
@@ -91,6 +99,16 @@ int main() {
   sc_opt::ForEachOptimizer([](auto o) {
     std::printf("opt %s %d\n", sc_opt::NameOf(o), sc_opt::NumSlotsOf(o));
   });
+  // The JAX front end's names, as the FFI handler finds them.
+  for (int k = 0; k < sc_opt::kNumOptimizers; ++k) {
+    const char* jax = sc_opt::kJaxNames[k];
+    Opt found;
+    if (jax != nullptr && sc_opt::FindJaxOptimizer(jax, &found)) {
+      std::printf("jax %s %s %d\n", jax, sc_opt::NameOf(found), sc_opt::NumJaxScalars(found));
+    }
+  }
+  Opt none;
+  std::printf("jax unknown %s\n", sc_opt::FindJaxOptimizer("no_such", &none) ? "found" : "-");
   const Opt o = Opt::kMomentum;
   // Attrs as a kernel reads them (TF's GetAttr / an FFI attr dictionary).
   sc_opt::Hyper h{};
@@ -162,7 +180,11 @@ def test_adding_a_sparsecore_optimizer_is_one_entry_and_its_formula(tmp_path):
     out = subprocess.run([str(exe)], check=True, capture_output=True, text=True,
                          timeout=60).stdout.splitlines()
     names = [l.split()[1] for l in out if l.startswith("opt ")]
-    assert names == [sc.name for sc in S.SPARSECORE_OPTIMIZERS] + ["Momentum"]
+    assert names == [sc.name for sc in S.SPARSECORE_OPTIMIZERS if sc.tf_ops] + ["Momentum"]
+    jax = sorted(l for l in out if l.startswith("jax "))
+    assert jax == sorted(["jax unknown -"] + [
+        "jax %s %s %d" % (sc.jax_name, sc.name, 1 + len(sc.jax_hypers))
+        for sc in S.SPARSECORE_OPTIMIZERS if sc.jax_name])
     assert "opt Momentum 1" in out
     assert "attrs 2 scalars 1 at 5 zero momentum ok yes" in out
     # indices, gradient, learning_rate, table, the slot's input and output.

@@ -41,6 +41,8 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
+from tf_tpu_emb import optimizer_specs
+
 _LIB_NAME = "_sparsecore_ffi.so"
 LOOKUP_TARGET = "tf_tpu_emb_sparsecore_lookup"
 GRAD_TARGET = "tf_tpu_emb_sparsecore_grad"
@@ -212,17 +214,12 @@ def _grad_rule(optimizer: str, num_slots: int, num_hypers: int, ctx,
                           multiple_results=True)
 
 
-# Optimizer (the FFI library's name; the primitive is
-# sparse_dense_matmul_grad_with_<name>), its slots, its hyper-parameters.
-_GRAD_PRIMITIVES = (
-    ("sgd", 0, 1),
-    ("adagrad", 1, 1),
-    ("adam", 2, 4),
-    ("ftrl", 2, 5),
-    ("adagrad_momentum", 2, 6),
-    ("laprop", 2, 4),
-    ("f2a", 2, 6),
-)
+# Optimizer (the package's name; the primitive is
+# sparse_dense_matmul_grad_with_<name>), its slots, its scalar operands
+# (the learning rate first): the optimizer source's JAX entries.
+_GRAD_PRIMITIVES = tuple(
+    (o.jax_name, len(o.slots), 1 + len(o.jax_hypers))
+    for o in optimizer_specs.SPARSECORE_OPTIMIZERS if o.jax_name)
 
 
 def _gradient_stack_rule(num_sc, ctx, *gradients, stacked_batch_size,
