@@ -2,7 +2,7 @@
 (v5p, v6e).
 
 Run it on CPU, unchanged, on the stand-in SparseCore TPU system
-(docs/guides/tpu-unchanged.md "SparseCore TPUs"):
+(docs/guides/sparsecore.md):
 
     python -m tf_tpu_emb.run --embedding v2 --replicas 2 examples/sparsecore_v2.py
 

@@ -10,7 +10,7 @@ TensorFlow source tree (of the TF version installed, or near it):
 
 Prints, per test file and replica count, TF's test counts (pytest's summary
 line), and exits non-zero if any run had a failure not in EXPECTED_FAILURES (which
-says why those fail; docs/guides/tpu-unchanged.md "TensorFlow's own
+says why those fail; docs/guides/sparsecore.md "TensorFlow's own
 tests").  Needs nothing from the network; the files are not kept here (they
 are TensorFlow's)."""
 import argparse
