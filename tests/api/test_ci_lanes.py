@@ -46,7 +46,8 @@ def test_client_tests_run_in_the_client_lane():
 
 def test_ci_runs_every_lane_and_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text()
-    for target in ("test", "sanitize", "package-check", "test-tfio", "docs", "test-clients"):
+    for target in ("test", "test-jax", "sanitize", "package-check", "test-tfio", "docs",
+                   "test-clients"):
         assert re.search(r"^lane \S+ make %s$" % target, ci, re.M), target
     assert re.search(r"^make test\s+# ", (ROOT / "README.md").read_text(), re.M)
     assert '-m "$(DEFAULT_LANE)"' in MAKEFILE and "DEFAULT_LANE  = not slow and not clients" \
