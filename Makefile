@@ -39,7 +39,7 @@ PYTEST_ARGS ?=
 
 .PHONY: all venv build test test-quick test-all cpp-test demo movielens bench bench-peers bazel-check bazel-install clean fuzz sanitize \
         test-tf test-tfio lane-build tfio-build package-check clients-venv test-clients \
-        test-clients-all docs docs-venv
+        test-clients-all docs docs-venv lint format lint-venv
 
 all: build
 
@@ -252,7 +252,7 @@ test-clients-all: build clients-venv
 # optimizer classes and op wrappers are documented by importing them.
 DOCS_VENV ?= .venv-docs
 DOCS_REQ   = mkdocs==1.6.1 mkdocs-material==9.8.2 mkdocstrings==1.0.8 \
-             mkdocstrings-python==2.0.11 griffelib==2.4.1 ruff==0.17.6
+             mkdocstrings-python==2.0.11 griffelib==2.4.1 $(RUFF_REQ)
 $(DOCS_VENV)/.deps: Makefile $(VENV)/.deps
 	$(call venv_sharing_tf,$(DOCS_VENV))
 	$(DOCS_VENV)/bin/python -m pip install -q $(DOCS_REQ)
@@ -263,3 +263,34 @@ docs-venv: $(DOCS_VENV)/.deps
 docs: docs-venv
 	cd $(CURDIR) && NO_MKDOCS_2_WARNING=1 TF_CPP_MIN_LOG_LEVEL=3 $(DOCS_VENV)/bin/mkdocs build --strict
 
+# ----------------------------------------------------------------------------
+# `make lint` (CI's first lane): ruff over the Python (rules: pyproject.toml
+# [tool.ruff]) and clang-format over our C and C++ (style: .clang-format), both
+# in check mode; `make format` rewrites the C and C++ in that style and applies
+# ruff's safe fixes.  The tools are pinned in $(LINT_VENV) (no TensorFlow).
+# docs/contributing.md "Lint".
+RUFF_REQ    = ruff==0.17.6
+LINT_VENV  ?= .venv-lint
+LINT_REQ    = $(RUFF_REQ) clang-format==23.1.5
+# Every C and C++ file of the tree, new ones included, but the generated
+# tables (core/*.gen.h: tools/gen_optimizers.py writes them) and third_party/.
+CXX_SOURCES = $(shell git ls-files --cached --others --exclude-standard -- \
+                '*.h' '*.cc' '*.c' ':!:core/*.gen.h' ':!:third_party/')
+$(LINT_VENV)/.deps: Makefile
+	rm -rf $(LINT_VENV) && $(PYTHON) -m venv $(LINT_VENV)
+	$(LINT_VENV)/bin/python -m pip install -q $(LINT_REQ)
+	touch $@
+
+lint-venv: $(LINT_VENV)/.deps
+
+# Both checks run and either fails the target.
+lint: lint-venv
+	@status=0; \
+	echo "== ruff check"; $(LINT_VENV)/bin/ruff check . || status=1; \
+	echo "== clang-format --dry-run -Werror ($(words $(CXX_SOURCES)) files)"; \
+	$(LINT_VENV)/bin/clang-format --dry-run -Werror $(CXX_SOURCES) || status=1; \
+	exit $$status
+
+format: lint-venv
+	$(LINT_VENV)/bin/clang-format -i $(CXX_SOURCES)
+	$(LINT_VENV)/bin/ruff check --fix .
