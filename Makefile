@@ -6,21 +6,48 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PIP     = $(PY) -m pip
-TF_REQ ?= tensorflow-cpu==2.21.0
+# The TensorFlow release the library is built and tested against (the main
+# venv; the client lane's tf-keras and tensorboard come with the same version
+# number).  The old-TF lane pins its own (TFIO_REQ).
+TF_VERSION ?= 2.21.0
+TF_REQ     ?= tensorflow-cpu==$(TF_VERSION)
+# What every test virtualenv has beside its TensorFlow.
+TEST_REQ    = pytest pytest-xdist==3.8.0 matplotlib
+# `$(PY) $(PURELIB)`: prints that python's site-packages folder.
+PURELIB     = -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'
+
+# Two recipes more than one target runs (each line a recipe line of its own):
+# $(call venv_sharing_tf,DIR): a fresh virtualenv DIR that sees $(VENV)'s
+# packages, TensorFlow among them, through a .pth file (the client lane's and
+# the documentation's: they import the library against the one TensorFlow).
+define venv_sharing_tf
+rm -rf $(1) && $(PYTHON) -m venv $(1)
+$(PY) $(PURELIB) > "$$($(1)/bin/python $(PURELIB))/zz_shared_tensorflow.pth"
+endef
+# $(call build_in_copy,TREE,PYTHON): the working tree's files (tracked and not
+# ignored) copied into a fresh folder TREE and the op library built there by
+# PYTHON (environment settings may come first), its objects under TREE too --
+# the in-tree build belongs to $(VENV) (the sanitizer and old-TF lanes).
+define build_in_copy
+rm -rf $(1) && mkdir -p $(1)
+git ls-files -z --cached --others --exclude-standard | \
+  tar --null --ignore-failed-read -T - -cf - | tar -xf - -C $(1)
+cd $(1) && $(2) setup.py -q build_ext --inplace --build-temp $(1)/build/tmp
+endef
 SRCS    = $(wildcard ops/*.cc engine/*.cc kernels/*.cc kernels/sparsecore/*.cc core/*.h engine/*.h \
             kernels/*.h kernels/sparsecore/*.h) setup.py
 PYTEST_ARGS ?=
 
 .PHONY: all venv build test test-quick test-all cpp-test demo movielens bench bench-peers bazel-check bazel-install clean fuzz sanitize \
         test-tf test-tfio lane-build tfio-build package-check clients-venv test-clients \
-        test-clients-all docs docs-venv venv-jax jax-build test-jax
+        test-clients-all docs docs-venv venv-jax jax-build test-jax lint format lint-venv
 
 all: build
 
 $(VENV)/.deps: Makefile
 	@echo "== $(VENV): a virtualenv with $(TF_REQ), numpy, pytest, matplotlib (pip; about 600 MB on a first download)"
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q "setuptools>=64" wheel $(TF_REQ) numpy pytest pytest-xdist==3.8.0 matplotlib
+	$(PIP) install -q "setuptools>=64" wheel $(TF_REQ) numpy $(TEST_REQ)
 	touch $@
 
 venv: $(VENV)/.deps
@@ -112,9 +139,6 @@ fuzz: build
 # TF_TPU_EMB_SANITIZE=1) in a copy of the tree under build/sanitize (the normal
 # build is untouched), then the test suite (with the fuzz quick profile) run
 # against it with the sanitizer runtimes preloaded into python.
-# The working tree's files (tracked and not ignored) copied into a folder.
-COPY_TREE  = git ls-files -z --cached --others --exclude-standard | \
-             tar --null --ignore-failed-read -T - -cf - | tar -xf - -C
 SAN_TREE   = $(CURDIR)/build/sanitize/tree
 SAN_ENV    = LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-name=libubsan.so)" \
              ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:allocator_may_return_null=1:detect_odr_violation=0 \
@@ -125,10 +149,7 @@ SAN_ENV    = LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-
 SAN_TESTS  ?= tests/engine tests/ops tests/sparsecore tests/cpp tests/fuzz tests/cluster tests/api/test_lifecycle_stress.py
 SAN_PYTEST ?= -q -x -p no:cacheprovider $(XDIST) $(DURATIONS) -m "not clients" $(SAN_TESTS)
 sanitize: venv
-	rm -rf $(SAN_TREE) && mkdir -p $(SAN_TREE)
-	$(COPY_TREE) $(SAN_TREE)
-	cd $(SAN_TREE) && TF_TPU_EMB_SANITIZE=1 $(CURDIR)/$(PY) setup.py -q build_ext --inplace \
-	  --build-temp $(SAN_TREE)/build/tmp
+	$(call build_in_copy,$(SAN_TREE),TF_TPU_EMB_SANITIZE=1 $(CURDIR)/$(PY))
 	cd $(SAN_TREE) && $(SAN_ENV) $(CURDIR)/$(VENV)/bin/pytest $(SAN_PYTEST) $(PYTEST_ARGS)
 # ----------------------------------------------------------------------------
 
@@ -155,14 +176,11 @@ LANE_PYTEST ?= -q -p no:cacheprovider $(XDIST) $(DURATIONS) -m tf_version
 
 $(LANE_VENV)/.deps: Makefile
 	$(PYTHON) -m venv $(LANE_VENV)
-	$(LANE_PY) -m pip install -q "setuptools>=64" wheel $(LANE_REQ) pytest pytest-xdist==3.8.0 \
-	  matplotlib
+	$(LANE_PY) -m pip install -q "setuptools>=64" wheel $(LANE_REQ) $(TEST_REQ)
 	touch $@
 
 lane-build: $(LANE_VENV)/.deps
-	rm -rf $(LANE_TREE) && mkdir -p $(LANE_TREE)
-	$(COPY_TREE) $(LANE_TREE)
-	cd $(LANE_TREE) && $(LANE_PY) setup.py -q build_ext --inplace --build-temp $(LANE_TREE)/build/tmp
+	$(call build_in_copy,$(LANE_TREE),$(LANE_PY))
 
 test-tf: lane-build
 	cd $(LANE_TREE) && PYTHONPATH=$(LANE_TREE) $(CURDIR)/$(LANE_VENV)/bin/pytest $(LANE_PYTEST) $(PYTEST_ARGS)
@@ -170,11 +188,12 @@ test-tf: lane-build
 # `make tfio-build`: the TF 2.16 + tensorflow-io environment alone
 # (docs/guides/parquet.md: run programs there with
 # PYTHONPATH=build/lanes/.venv-tf216 .venv-tf216/bin/python ...).
+TFIO_LANE   = LANE_VENV=.venv-tf216 LANE_REQ='$(TFIO_REQ)'
 tfio-build:
-	$(MAKE) lane-build LANE_VENV=.venv-tf216 LANE_REQ='$(TFIO_REQ)'
+	$(MAKE) lane-build $(TFIO_LANE)
 
 test-tfio:
-	$(MAKE) test-tf LANE_VENV=.venv-tf216 LANE_REQ='$(TFIO_REQ)'
+	$(MAKE) test-tf $(TFIO_LANE)
 # ----------------------------------------------------------------------------
 
 clean:
@@ -202,18 +221,16 @@ package-check: venv
 # `make test-clients-all`), Model Garden's own train_test.py TPU cases and its
 # train.py DLRM-DCN-v2 under the runner at 2 replicas (8: test-clients-all).
 CLIENTS_VENV ?= .venv-clients
-CLIENTS_REQ   = tensorflow-recommenders==0.7.7 tf-keras==2.21.0 keras-rs==0.4.0 \
+CLIENTS_REQ   = tensorflow-recommenders==0.7.7 tf-keras==$(TF_VERSION) keras-rs==0.4.0 \
                 tf-models-official==2.20.0
-CLIENTS_DEPS  = pyyaml==6.0.4 gin-config==0.5.0 tensorflow-datasets==4.9.10 tensorboard==2.21.0
+CLIENTS_DEPS  = pyyaml==6.0.4 gin-config==0.5.0 tensorflow-datasets==4.9.10 \
+                tensorboard==$(TF_VERSION)
 CLIENTS_PYTEST ?= -q -p no:cacheprovider $(DURATIONS)
 $(CLIENTS_VENV)/.deps: Makefile tools/clients_check.py $(VENV)/.deps
-	rm -rf $(CLIENTS_VENV) && $(PYTHON) -m venv $(CLIENTS_VENV)
-	$(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > \
-	  "$$($(CLIENTS_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz_shared_tensorflow.pth"
+	$(call venv_sharing_tf,$(CLIENTS_VENV))
 	$(CLIENTS_VENV)/bin/python -m pip install -q --no-deps $(CLIENTS_REQ)
 	$(CLIENTS_VENV)/bin/python -m pip install -q $(CLIENTS_DEPS)
-	$(CLIENTS_VENV)/bin/python tools/clients_check.py 2.21.0 \
-	  "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+	$(CLIENTS_VENV)/bin/python tools/clients_check.py $(TF_VERSION) "$$($(PY) $(PURELIB))"
 	touch $@
 
 clients-venv: $(CLIENTS_VENV)/.deps
@@ -236,11 +253,9 @@ test-clients-all: build clients-venv
 # optimizer classes and op wrappers are documented by importing them.
 DOCS_VENV ?= .venv-docs
 DOCS_REQ   = mkdocs==1.6.1 mkdocs-material==9.8.2 mkdocstrings==1.0.8 \
-             mkdocstrings-python==2.0.11 griffelib==2.4.1 ruff==0.17.6
+             mkdocstrings-python==2.0.11 griffelib==2.4.1 $(RUFF_REQ)
 $(DOCS_VENV)/.deps: Makefile $(VENV)/.deps
-	rm -rf $(DOCS_VENV) && $(PYTHON) -m venv $(DOCS_VENV)
-	$(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > \
-	  "$$($(DOCS_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz_shared_tensorflow.pth"
+	$(call venv_sharing_tf,$(DOCS_VENV))
 	$(DOCS_VENV)/bin/python -m pip install -q $(DOCS_REQ)
 	touch $@
 
@@ -287,3 +302,34 @@ jax-build: $(JAX_VENV)/.built
 
 test-jax: jax-build
 	cd $(CURDIR) && $(JAX_VENV)/bin/pytest $(JAX_PYTEST) tests/jax $(PYTEST_ARGS)
+
+# `make lint` (CI's first lane): ruff over the Python (rules: pyproject.toml
+# [tool.ruff]) and clang-format over our C and C++ (style: .clang-format), both
+# in check mode; `make format` rewrites the C and C++ in that style and applies
+# ruff's safe fixes.  The tools are pinned in $(LINT_VENV) (no TensorFlow).
+# docs/contributing.md "Lint".
+RUFF_REQ    = ruff==0.17.6
+LINT_VENV  ?= .venv-lint
+LINT_REQ    = $(RUFF_REQ) clang-format==23.1.5
+# Every C and C++ file of the tree, new ones included, but the generated
+# tables (core/*.gen.h: tools/gen_optimizers.py writes them) and third_party/.
+CXX_SOURCES = $(shell git ls-files --cached --others --exclude-standard -- \
+                '*.h' '*.cc' '*.c' ':!:core/*.gen.h' ':!:third_party/')
+$(LINT_VENV)/.deps: Makefile
+	rm -rf $(LINT_VENV) && $(PYTHON) -m venv $(LINT_VENV)
+	$(LINT_VENV)/bin/python -m pip install -q $(LINT_REQ)
+	touch $@
+
+lint-venv: $(LINT_VENV)/.deps
+
+# Both checks run and either fails the target.
+lint: lint-venv
+	@status=0; \
+	echo "== ruff check"; $(LINT_VENV)/bin/ruff check . || status=1; \
+	echo "== clang-format --dry-run -Werror ($(words $(CXX_SOURCES)) files)"; \
+	$(LINT_VENV)/bin/clang-format --dry-run -Werror $(CXX_SOURCES) || status=1; \
+	exit $$status
+
+format: lint-venv
+	$(LINT_VENV)/bin/clang-format -i $(CXX_SOURCES)
+	$(LINT_VENV)/bin/ruff check --fix .

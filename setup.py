@@ -222,8 +222,8 @@ class TFBuildExt(build_ext):
                                + info["version"])
         target = self.get_ext_fullpath(ext.name)
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        link = (cxx + ["-shared"] + (SANITIZE_FLAGS if sanitizing() else []) + objs + ["-o", target] + lflags
-                + ["-Wl,--no-undefined"])
+        link = (cxx + ["-shared"] + (SANITIZE_FLAGS if sanitizing() else []) + objs
+                + ["-o", target] + lflags + ["-Wl,--no-undefined"])
         if os.environ.get("TF_TPU_EMB_BUILD_VERBOSE", "0") != "0":
             _say(" ".join(link))
         subprocess.run(link, check=True)

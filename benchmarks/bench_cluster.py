@@ -250,8 +250,8 @@ def pss_round(args, num_hosts):
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
     if result.returncode != 0 or not lines:
-        raise RuntimeError("pss_side.py failed (%s):\n%s" % (result.returncode,
-                                                            (result.stdout + result.stderr)[-3000:]))
+        raise RuntimeError("pss_side.py failed (%s):\n%s" % (
+            result.returncode, (result.stdout + result.stderr)[-3000:]))
     return {int(k): v for k, v in json.loads(lines[-1])["steps_per_call"].items()}
 
 

@@ -57,7 +57,8 @@ def add_timing_args(p, full=FULL, quick=QUICK):
     p.add_argument("--steps", type=int, default=None,
                    help="timed steps per side (%d; --quick %d)" % (full["steps"], quick["steps"]))
     p.add_argument("--warmup", type=int, default=None,
-                   help="warm-up steps per side (%d; --quick %d)" % (full["warmup"], quick["warmup"]))
+                   help="warm-up steps per side (%d; --quick %d)"
+                   % (full["warmup"], quick["warmup"]))
     p.add_argument("--blocks", type=int, default=None,
                    help="the timed steps are split into this many alternating blocks per side")
     p.add_argument("--num-batches", type=int, default=4,

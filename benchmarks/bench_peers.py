@@ -45,7 +45,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import bench_lookup as bl
 import bench_train as bt

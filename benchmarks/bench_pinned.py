@@ -304,8 +304,9 @@ def main(argv=None):
                     row["relay_cpu"] = relay_cpu / n
                     row["late_us"] = relay.stats()["late_mean_us"] if relay else 0.0
                     results.setdefault((delay, pipe, steps), []).append(row)
-                    print("round %d, %s, pipeline %s, %d/call: local %.2f ms (%.2f cpu-ms), hosts %.2f ms "
-                          "(%.2f cpu-ms, %.2f of them the hosts'), %.3f MB/step, load %.2f"
+                    print("round %d, %s, pipeline %s, %d/call: local %.2f ms (%.2f cpu-ms), "
+                          "hosts %.2f ms (%.2f cpu-ms, %.2f of them the hosts'), %.3f MB/step, "
+                          "load %.2f"
                           % (r, "direct" if delay is None else "%g us" % delay, pipe, steps,
                              row["local"] * 1e3, row["cpu_local"] * 1e3,
                              row["hosts"] * 1e3, row["cpu_hosts"] * 1e3,
@@ -330,7 +331,8 @@ def main(argv=None):
             ratio = statistics.median(row["hosts"] / row["local"] for row in rows)
             cpu_x = statistics.median(row["cpu_hosts"] / max(row["cpu_local"], 1e-9)
                                       for row in rows)
-            print("%-10s %4s %5d %9.2f %9s %9.2f %9s %7.2fx %9.2f %9.2f %6.2fx %9.3f %9.2f %8.0f" % (
+            print("%-10s %4s %5d %9.2f %9s %9.2f %9s %7.2fx %9.2f %9.2f %6.2fx %9.3f %9.2f "
+                  "%8.0f" % (
                 "direct" if delay is None else "%gus" % delay, pipe, steps, med["local"] * 1e3,
                 format(int(args.batch / med["local"]), ","), med["hosts"] * 1e3,
                 format(int(args.batch / med["hosts"]), ","), ratio, med["cpu_local"] * 1e3,

@@ -54,7 +54,8 @@ def main(argv=None):
             table[(r["mode"], n)] = r["windows"][0]["ours"]
         roof[n] = res["roofline"].get(str(a.dim))
     print("\nThread scaling, dim %d (ours only; efficiency = sps(n) / (n x sps(1)))" % a.dim)
-    print("| mode | threads | samples/s | ms/step (IQR) | GB/s | efficiency | roofline gather GB/s |")
+    print("| mode | threads | samples/s | ms/step (IQR) | GB/s | efficiency "
+          "| roofline gather GB/s |")
     print("|---|---|---|---|---|---|---|")
     for mode in a.modes.split(","):
         one = table.get((mode, counts[0])) if counts and counts[0] == 1 else None

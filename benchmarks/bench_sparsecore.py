@@ -35,7 +35,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -121,7 +120,8 @@ class V2Side:
                 feature_width=dim, table_name=name, allow_id_dropping=False)
             return out[:4], out[6]
 
-        in_place = tf_tpu_emb.ops.raw_op("XlaSparseDenseMatmulGradWithAdagradAndStaticBufferSizeInPlace")
+        in_place = tf_tpu_emb.ops.raw_op(
+            "XlaSparseDenseMatmulGradWithAdagradAndStaticBufferSizeInPlace")
         buffers = dict(max_ids_per_sparse_core=max_ids, max_unique_ids_per_sparse_core=max_ids,
                        num_sparsecores_per_device=s)
 
@@ -197,7 +197,8 @@ def check_step(v1, v2, a):
         worst = max(worst, float(np.max(np.abs(p1 - p2)) / np.abs(p1).max()),
                     float(np.max(np.abs(a1 - a2)) / np.abs(a1).max()))
         if worst > 1e-5:
-            print("  MISMATCH in table %d after one step: max |diff| / max |value| %.3g" % (t, worst))
+            print("  MISMATCH in table %d after one step: max |diff| / max |value| %.3g"
+                  % (t, worst))
             return False
     print("  one step from the same values: V1 and V2 tables and accumulators agree "
           "(max |diff| / max |value| %.2g)" % worst)

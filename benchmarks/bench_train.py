@@ -259,7 +259,8 @@ def check_step(ours, side, a, dim, distinct0):
             if what == "table":
                 worst_w = max(worst_w, diff)
             else:
-                worst_acc = max(worst_acc, float(np.max(np.abs(x - y) / np.maximum(np.abs(y), 1e-30))))
+                relative = np.abs(x - y) / np.maximum(np.abs(y), 1e-30)
+                worst_acc = max(worst_acc, float(np.max(relative)))
             if not ok:
                 bad.append("table %d %s: shapes %s vs %s, max |diff| %.3g"
                            % (t, what, x.shape, y.shape, diff))
@@ -378,7 +379,7 @@ def run_dim(tf, tf_tpu_emb, a, dim, inputs, distinct, results):
             memory(a, "after the check")
             nb = a.num_batches
             sides = [("ours", lambda i: ours.step(i % nb).numpy()),
-                     (NAMES[kind], lambda i: side.step(i % nb).numpy())]
+                     (NAMES[kind], lambda i, side=side: side.step(i % nb).numpy())]
             bl.run_alternating(sides, 2 * a.warmup, 2)  # warm-up, both sides
             times = bl.run_alternating(sides, a.steps, a.blocks)
             ro, rs = side_row(a, times["ours"], gbytes), side_row(a, times[NAMES[kind]], gbytes)

@@ -18,8 +18,8 @@ directions, through the relay: ``benchmarks/bench_pinned.py`` does that.)
 
 Each direction of a pair is one link of ``--rate-gbit``: bytes leave it in
 order at that rate and arrive ``--delay-us`` later (the link model of
-netem's ``delay`` + ``rate``).  The relay prints ``netsim_relay ready`` when listening and then reads commands on
-stdin, one a line:
+netem's ``delay`` + ``rate``).  The relay prints ``netsim_relay ready`` when
+listening and then reads commands on stdin, one a line:
 
     set DELAY_US RATE_GBIT   change the link (0 rate: unlimited)
     stats                    print one JSON line: bytes per listening port

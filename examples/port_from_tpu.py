@@ -16,7 +16,8 @@ import keras
 
 from tf_tpu_emb import TPUEmbedding  # ported
 cpu = tf.config.list_physical_devices("CPU")[0]  # ported
-tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)  # ported
+logical_cpus = [tf.config.LogicalDeviceConfiguration()] * 2  # ported
+tf.config.set_logical_device_configuration(cpu, logical_cpus)  # ported
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])  # ported
 
 GLOBAL_BATCH = 32
@@ -90,6 +91,7 @@ assert any(np.any(v != saved_tables[k]) for k, v in table_values().items())
 checkpoint.restore(path)
 for name, values in table_values().items():
     np.testing.assert_array_equal(values, saved_tables[name])
-print("loss: first %.4f, after 20 steps %.4f, after 30 steps %.4f" % (first[0], first[-1], later[-1]))
+print("loss: first %.4f, after 20 steps %.4f, after 30 steps %.4f"
+      % (first[0], first[-1], later[-1]))
 assert later[-1] < first[0]
 print("OK")

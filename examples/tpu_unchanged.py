@@ -103,7 +103,8 @@ assert any(np.any(v != saved[k]) for k, v in trained.items())
 checkpoint.restore(path)
 for name, values in table_values(checkpoint.save(directory + "/ckpt")).items():
     np.testing.assert_array_equal(values, saved[name])
-print("loss: first %.4f, after 20 steps %.4f, after 30 steps %.4f" % (first[0], first[-1], later[-1]))
+print("loss: first %.4f, after 20 steps %.4f, after 30 steps %.4f"
+      % (first[0], first[-1], later[-1]))
 print("LOSSES " + json.dumps(first + later))
 assert later[-1] < first[0]
 print("OK")

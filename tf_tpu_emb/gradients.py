@@ -92,12 +92,12 @@ from tf_tpu_emb import send as _send
 from tf_tpu_emb.activation_gradient import (  # noqa: F401
     COLLECTOR_ATTR as _COLLECTOR_ATTR, DUMMY_TABLE_VARIABLES_COLLECTION, gradient_collection_name,
     zeros_for as _zeros_for)
-
-_SINKS_ATTR = "_tf_tpu_emb_gradient_sinks"
 # The layout and the Send builder live in their own modules; their names stay
 # importable from here.
 from tf_tpu_emb.layout import Layout, LayoutFeature, slice_activations  # noqa: F401
 from tf_tpu_emb.send import MissingGradientWarning, send_gradients_op  # noqa: F401
+
+_SINKS_ATTR = "_tf_tpu_emb_gradient_sinks"
 
 __all__ = [
     "LayoutFeature", "Layout", "MissingGradientWarning", "slice_activations",

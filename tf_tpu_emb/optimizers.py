@@ -313,7 +313,7 @@ def _class_doc(info, params):
              "`TPUEmbedding(optimizer=...)` like TF's SGD/Adagrad/Adam/FTRL." % info.proto_field,
              "", "Update of each row looked up in a step (element-wise; w = row, "
              "g = its gradient, lr = learning rate):", ""]
-    lines += ["    " + l for l in info.formula.splitlines()]
+    lines += ["    " + line for line in info.formula.splitlines()]
     if info.reconstruction:
         lines += ["", "Reconstruction: " + info.reconstruction]
     if not info.core_has_table_ops:

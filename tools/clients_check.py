@@ -1,5 +1,5 @@
 """`make clients-venv`'s check: the client venv's TensorFlow is the main venv's
-(2.21.0, shared through a .pth file, never replaced by a client's
+(the Makefile's TF_VERSION, shared through a .pth file, never replaced by a client's
 requirements), and `pip check` reports nothing but what the lane does on
 purpose: tf-models-official installed with --no-deps (its other requirements
 are not needed by official.recommendation.ranking), and requirements on the

@@ -53,9 +53,9 @@ def run(source, name, replicas, python):
         proc = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                                "-rf", name], cwd=work, env=env, capture_output=True,
                               text=True)
-    summary = [l for l in proc.stdout.splitlines() if re.search(r"\d+ (passed|failed)", l)]
-    failed = [l.split("::")[-1].split(" ")[0] for l in proc.stdout.splitlines()
-              if l.startswith("FAILED ")]
+    summary = [line for line in proc.stdout.splitlines() if re.search(r"\d+ (passed|failed)", line)]
+    failed = [line.split("::")[-1].split(" ")[0] for line in proc.stdout.splitlines()
+              if line.startswith("FAILED ")]
     return (summary[-1].strip("= ") if summary else "no result (rc %d)" % proc.returncode,
             failed)
 

@@ -64,7 +64,8 @@ def check_plain_inputs_refused(strategy):
         embedding = tf_tpu_emb.TPUEmbedding(fc, mc.optimizer_case("sgd")[0])
     try:
         embedding.build(per_replica_batch_size=mc.GLOBAL_BATCH // R)
-        features, weights = mc.to_tensors(mc.make_batch(np.random.default_rng(99), mc.GLOBAL_BATCH // R))
+        features, weights = mc.to_tensors(
+            mc.make_batch(np.random.default_rng(99), mc.GLOBAL_BATCH // R))
         embedding.enqueue(features, weights, training=False)
         out = strategy.run(lambda: tf.nest.flatten(embedding.dequeue()))
         per_replica = [strategy.experimental_local_results(o) for o in out]

@@ -172,7 +172,9 @@ def test_a_stale_function_never_reaches_another_objects_engine():
 
     @tf.function
     def lookup():
-        return a.dequeue()["f"]
+        # A closure, not a default argument: `del a` below must drop the last
+        # reference (pyflakes reads the closure after that del).
+        return a.dequeue()["f"]  # noqa: F821
 
     concrete = lookup.get_concrete_function()
     stale = a.layout.engine

@@ -49,5 +49,5 @@ print("CLUSTER_MODULES=%s" % ",".join(loaded))
 def test_single_process_step_loads_no_cluster_module():
     proc = harness.run_python(["-c", CHILD], timeout=180)
     assert proc.returncode == 0, harness.describe(proc)
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("CLUSTER_MODULES=")]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("CLUSTER_MODULES=")]
     assert lines == ["CLUSTER_MODULES="], harness.describe(proc)

@@ -26,7 +26,6 @@ import harness
 import tf_tpu_emb
 from engine_util import FeatureSpec, TableSpec
 from tf_tpu_emb import engine_registry
-from tf_tpu_emb import ops as tte_ops
 
 pytestmark = pytest.mark.slow
 

@@ -247,7 +247,8 @@ class TestBuild:
         emb.build(5)                      # TF: returns at once when built
         assert self.input_shapes(emb) == [[2], [2], [2]]
         other = tf_tpu_emb.TPUEmbedding(tuple_config(), E.SGD(0.1))
-        other.build(2)  # (on a TPU system: "TPU is already initialized"; here engines are per object)
+        # (On a TPU system: "TPU is already initialized"; here engines are per object.)
+        other.build(2)
         assert engine_registry.engines() == [emb.layout.engine, other.layout.engine]
         other.shutdown()
         emb.shutdown()
@@ -313,7 +314,8 @@ class TestEnqueue:
 
     def test_device_non_tpu_type(self):
         emb = tf_tpu_emb.TPUEmbedding(tuple_config(), E.SGD(0.1))
-        with pytest.raises(ValueError, match=r"^Non-TPU device /GPU:0 passed to enqueue\.$") as info:
+        with pytest.raises(ValueError,
+                           match=r"^Non-TPU device /GPU:0 passed to enqueue\.$") as info:
             emb.enqueue((ids([1, 2]), (ids([3, 4]), ids([5, 6]))), device="/GPU:0")
         assert_tf_message(str(info.value))
 
@@ -558,7 +560,8 @@ class TestV0:
     def test_v0_error_texts_are_tfs(self):
         table = E.TableConfig(8, 2, name="t")
         emb = tf_tpu_emb.TPUEmbeddingV0({"f": E.FeatureConfig(table)}, None)
-        cases = [({"f": ids([1])}, {"f": tf.ones([1])}, "Weight specified for f, but input is dense."),
+        cases = [({"f": ids([1])}, {"f": tf.ones([1])},
+                  "Weight specified for f, but input is dense."),
                  ({"f": "x"}, None, "Input f is type"),
                  ({"f": tf.ragged.constant([[[1]]], dtype=tf.int64)}, None,
                   "Only rank 2 ragged tensor is supported")]

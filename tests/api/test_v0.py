@@ -10,8 +10,6 @@
 * TF's error texts; the ``slot_variable_creation_fn`` hook; checkpoints in
   TF's layout.  MirroredStrategy runs in tests/common/v0_strategy_script.py.
 """
-import os
-
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -125,7 +123,8 @@ def loss_of(acts, coefs):
 def coefficients(rng):
     def c(*shape):
         return tf.constant(rng.normal(size=shape), tf.float32)
-    return {"watched": c(B, 4), "liked": c(B, 4), "friends": c(B, 3), "seq": {"history": c(B, L, 3)}}
+    return {"watched": c(B, 4), "liked": c(B, 4), "friends": c(B, 3),
+            "seq": {"history": c(B, L, 3)}}
 
 
 # ------------------------------------------------------------------ forward
@@ -351,8 +350,9 @@ def test_slot_variable_creation_fn_as_in_tf_docstring():
     # keras_slot_variable_creation_fn: the same slot *is* Keras' accumulator.
     opt2 = keras.optimizers.Adagrad(0.1)
     t2 = E.TableConfig(8, 2, name="t2")
+    slots2 = keras_slot_variable_creation_fn(opt2)
     emb2 = TPUEmbeddingV0({"f": E.FeatureConfig(t2)},
-                          E.Adagrad(0.1, slot_variable_creation_fn=keras_slot_variable_creation_fn(opt2)))
+                          E.Adagrad(0.1, slot_variable_creation_fn=slots2))
     tables2 = list(emb2.embedding_tables.values())
     with tf.GradientTape() as tape:
         loss = tf.reduce_sum(emb2({"f": tf.constant([1, 1, 2])})["f"])
@@ -362,8 +362,7 @@ def test_slot_variable_creation_fn_as_in_tf_docstring():
                                [[0.1, 0.1], [4.1, 4.1], [1.1, 1.1]], rtol=1e-6)
     with pytest.raises(ValueError, match="already built"):
         TPUEmbeddingV0({"f": E.FeatureConfig(E.TableConfig(4, 2, name="t3"))},
-                       E.Adagrad(0.1, slot_variable_creation_fn=keras_slot_variable_creation_fn(opt2))
-                       ).build()
+                       E.Adagrad(0.1, slot_variable_creation_fn=slots2)).build()
 
 
 # ------------------------------------------------------------------- errors

@@ -134,7 +134,7 @@ def test_plugin_records_where_tensorflow_is():
     Python resolves every dependency without LD_LIBRARY_PATH."""
     path = _loader.library_path()
     dyn = subprocess.run(["readelf", "-d", path], capture_output=True, text=True).stdout
-    runpath = [l for l in dyn.splitlines() if "RUNPATH" in l or "RPATH" in l]
+    runpath = [line for line in dyn.splitlines() if "RUNPATH" in line or "RPATH" in line]
     assert runpath and "$ORIGIN/../tensorflow" in runpath[0], dyn
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
     ldd = subprocess.run(["ldd", path], capture_output=True, text=True, env=env).stdout

@@ -78,6 +78,6 @@ def assert_symmetric(client, replicas, ours, theirs, loss_rtol=1e-6, atol=1e-6):
 
 def line_value(stdout, key):
     """The rest of the last output line starting with `key` (e.g. "LOSSES ")."""
-    lines = [l for l in stdout.splitlines() if l.startswith(key)]
+    lines = [line for line in stdout.splitlines() if line.startswith(key)]
     assert lines, "no %r line in:\n%s" % (key, stdout[-3000:])
     return lines[-1][len(key):]

@@ -5,7 +5,6 @@ table optimizer's exact numerics, Keras-RS reads the tables back by name
 losses and the trained table equal those of the same program under
 MirroredStrategy with the same replicas, at 1, 2, 4 and 8 replicas
 (tests/clients/keras_rs_script.py)."""
-import numpy as np
 import pytest
 
 import clients_common

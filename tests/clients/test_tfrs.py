@@ -5,7 +5,6 @@ optimizer behind a schedule), its checkpoints move to its CPU fallback and
 back, its serving lookup works, and the losses fit reports and the trained
 table equal those of the same program under MirroredStrategy with the same
 replicas, at 1, 2, 4 and 8 replicas (tests/clients/tfrs_script.py)."""
-import numpy as np
 import pytest
 
 import clients_common

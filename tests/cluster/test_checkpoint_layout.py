@@ -39,7 +39,8 @@ def test_shards_are_the_engines_shards(lib, mod, vocab, optimizer):
             for k in range(S):
                 for i, state in enumerate(full):
                     want_rows = eu.shard_rows(vocab, S, k, mod)  # the spec's reference
-                    np.testing.assert_array_equal(sharding.shard_row_ids(vocab, S, k, mod), want_rows)
+                    np.testing.assert_array_equal(sharding.shard_row_ids(vocab, S, k, mod),
+                                                  want_rows)
                     np.testing.assert_array_equal(sharding.shard_rows(state, S, k, mod), got[k][i])
             for i, state in enumerate(full):
                 np.testing.assert_array_equal(sharding.assemble([g[i] for g in got], mod), state)
@@ -88,8 +89,10 @@ def test_tf_tensors_and_variables_give_the_numpy_result(mod):
 
 
 @pytest.mark.parametrize("call,message", [
-    (lambda: sharding.rows_in_shard(10, 0, 0), "number of shards for the embedding layer must be > 0"),
-    (lambda: sharding.rows_in_shard(10, 2, 2), "shard_id must be >= 0 and < 2. Currently set to: 2"),
+    (lambda: sharding.rows_in_shard(10, 0, 0),
+     "number of shards for the embedding layer must be > 0"),
+    (lambda: sharding.rows_in_shard(10, 2, 2),
+     "shard_id must be >= 0 and < 2. Currently set to: 2"),
     (lambda: sharding.rows_in_shard(0, 3, 2), "vocabulary_size must be > 0"),
     (lambda: sharding.shard_rows(np.zeros(5), 2, 0, DIV), "must be a \\[vocabulary_size"),
     (lambda: sharding.assemble([np.zeros((2, 3)), np.zeros((3, 3))], MOD),

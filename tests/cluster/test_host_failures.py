@@ -74,8 +74,8 @@ class Trainer:
                 ops.shutdown_tpu_embedding()
                 ops.configure_tpu_embedding(CONFIGS[k])
                 tf.raw_ops.LoadTPUEmbeddingStochasticGradientDescentParameters(
-                    parameters=sharding.shard_rows(full, S, k, sharding.Sharding.MOD), table_name="t",
-                    num_shards=1, shard_id=0)
+                    parameters=sharding.shard_rows(full, S, k, sharding.Sharding.MOD),
+                    table_name="t", num_shards=1, shard_id=0)
         self._step = self._build_step()
 
     def _build_step(self):

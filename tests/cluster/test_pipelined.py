@@ -15,11 +15,11 @@ host's shard engine, so:
   unpipelined run's (the deferral is visible);
 * two real ``python -m tf_tpu_emb.server`` hosts, 1, 2 and 4 steps per
   ``tf.function`` call (inside a call a host looks up step k+1 before step
-  k's gradients come, engine/engine.h ``lookahead_``): activations of every step and the final tables equal
-  the in-process pipelined engine's, with test_sharded_mid_level.py's
-  one-replica tolerances (tables bit-identical except rtol 1e-6 for the
-  sqrtn table; activations rtol 1e-5: a bag split over hosts is the sum of
-  their partial sums);
+  k's gradients come, engine/engine.h ``lookahead_``): activations of every
+  step and the final tables equal the in-process pipelined engine's, with
+  test_sharded_mid_level.py's one-replica tolerances (tables bit-identical
+  except rtol 1e-6 for the sqrtn table; activations rtol 1e-5: a bag split
+  over hosts is the sum of their partial sums);
 * two replicas (two worker objects, ``workers=(0, 2)`` / ``(1, 2)``, their
   steps interleaved) on the same hosts equal one in-process pipelined engine
   fed the global batch: the update waits for both replicas' next lookups

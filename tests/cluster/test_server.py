@@ -5,11 +5,8 @@ a host without the library, a host down at start."""
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
-import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -69,7 +66,8 @@ def test_flags_override_tf_config():
     (["--cluster", "a:1"], None, "no task index"),
     (["--cluster", "a:1", "--task", "1"], None, "task 1 is out of range: job 'embedding' has 1"),
     (["--cluster", "a:1,b", "--task", "0"], None, "'b' is not HOST:PORT"),
-    (["--cluster", '{"ps": ["a:1"]}', "--task", "0"], None, "job 'embedding' is not in the cluster"),
+    (["--cluster", '{"ps": ["a:1"]}', "--task", "0"], None,
+     "job 'embedding' is not in the cluster"),
     (["--job", "worker"], TF_CONFIG, "task 2 is out of range: job 'worker' has 1"),
 ])
 def test_bad_arguments_are_named(argv, tf_config, fragment):
@@ -179,7 +177,8 @@ def test_translate_names_host_and_task():
     assert "embedding host 1" in out.message and "python -m tf_tpu_emb.server" in out.message
 
 
-@pytest.mark.parametrize("value,fragment", [("0", "must be > 0"), ("soon", "must be a number of seconds"),
+@pytest.mark.parametrize("value,fragment", [("0", "must be > 0"),
+                                            ("soon", "must be a number of seconds"),
                                             ("-1", "must be > 0")])
 def test_host_timeout_env_is_validated(monkeypatch, value, fragment):
     monkeypatch.setenv(hosts_mod.TIMEOUT_ENV, value)

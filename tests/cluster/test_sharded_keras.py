@@ -13,10 +13,10 @@ import tensorflow as tf
 import keras
 
 from cluster import connected_hosts
-import tf_tpu_emb
 from tf_tpu_emb.keras import TPUEmbeddingLayer
 
-pytestmark = [pytest.mark.system, pytest.mark.filterwarnings("ignore:`shuffle=True` was passed:UserWarning")]
+pytestmark = [pytest.mark.system,
+              pytest.mark.filterwarnings("ignore:`shuffle=True` was passed:UserWarning")]
 
 E = tf.tpu.experimental.embedding
 B, N = 4, 10

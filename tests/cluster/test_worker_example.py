@@ -1,7 +1,8 @@
 """The worker script of docs/guides/several-machines.md,
 examples/cluster_worker.py, run as a user runs it: against real
-`python -m tf_tpu_emb.server` hosts on 127.0.0.1 (MOD, 2 hosts), checkpointing, then started again after a host restart to resume;
-every epoch's losses equal the same script on one in-process engine."""
+`python -m tf_tpu_emb.server` hosts on 127.0.0.1 (MOD, 2 hosts),
+checkpointing, then started again after a host restart to resume; every
+epoch's losses equal the same script on one in-process engine."""
 import pathlib
 import re
 

@@ -26,7 +26,8 @@ DEFAULT_OUT = os.path.join(ROOT, "build", "cpp_tests")
 
 
 def _setup_module():
-    spec = importlib.util.spec_from_file_location("tf_tpu_emb_setup", os.path.join(ROOT, "setup.py"))
+    spec = importlib.util.spec_from_file_location("tf_tpu_emb_setup",
+                                                  os.path.join(ROOT, "setup.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # not __main__: setup() is not called
     return module

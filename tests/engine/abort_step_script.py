@@ -21,8 +21,9 @@ B = 3
 
 
 def main():
-    config = eu.feature_mode_config([TableSpec("t", 10, 4, optimizer="stochastic_gradient_descent")],
-                                    [FeatureSpec("f", 0, [B])], num_tensor_cores=R)
+    config = eu.feature_mode_config(
+        [TableSpec("t", 10, 4, optimizer="stochastic_gradient_descent")],
+        [FeatureSpec("f", 0, [B])], num_tensor_cores=R)
     desc = config.table_descriptor[0]
     rng = np.random.default_rng(0)
     with eu.engine(config):

@@ -44,7 +44,8 @@ FEATURES = [
 COMBINERS = [c for _, _, c, _ in FEATURES]   # 5 inputs, 2 tables: one combiner per input
 DISABLED, ENABLED = 2, 1                     # GradientAccumulationStatus.Status
 
-ERRORS: Dict[str, Tuple[float, float]] = {}  # label -> (max |got - want|, max |d| / (atol + rtol |want|))
+# label -> (max |got - want|, max |d| / (atol + rtol |want|))
+ERRORS: Dict[str, Tuple[float, float]] = {}
 
 
 @pytest.fixture(scope="module", autouse=True)

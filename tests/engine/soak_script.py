@@ -7,7 +7,8 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # The shared test helpers (engine_util) live in tests/common.
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "common"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "common"))
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402

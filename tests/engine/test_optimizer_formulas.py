@@ -31,9 +31,9 @@ OPTIMIZER_CASES = {
 for _nest in (False, True):
     for _beta2 in (1.0, 0.95):
         for _exp in (2.0, 4.0):
-            OPTIMIZER_CASES["adagrad_momentum-nesterov%d-beta2_%g-exp%g" % (_nest, _beta2, _exp)] = \
-                P("adagrad_momentum", momentum=0.9, use_nesterov=_nest, beta2=_beta2,
-                  exponent=_exp, epsilon=1e-6)
+            _name = "adagrad_momentum-nesterov%d-beta2_%g-exp%g" % (_nest, _beta2, _exp)
+            OPTIMIZER_CASES[_name] = P("adagrad_momentum", momentum=0.9, use_nesterov=_nest,
+                                       beta2=_beta2, exponent=_exp, epsilon=1e-6)
 OPTIMIZER_CASES.update({
     "bounded_adagrad-acc_first-bounded": P("bounded_adagrad", update_accumulator_first=True,
                                            max_var_update=0.05, max_accumulator=1.5),

@@ -20,7 +20,8 @@ import engine_util as eu
 from tf_tpu_emb import ops
 
 MODE = sys.argv[1]
-CONFIG = eu.serialize(eu.table_mode_config([eu.TableSpec("t", 8, 4, "stochastic_gradient_descent", num_features=1)], 2))
+CONFIG = eu.serialize(eu.table_mode_config(
+    [eu.TableSpec("t", 8, 4, "stochastic_gradient_descent", num_features=1)], 2))
 TABLE = np.arange(32, dtype=np.float32).reshape(8, 4)
 
 

@@ -12,10 +12,11 @@ activation gradients.  Half of the cases run every step in one
 ``tf.function`` call (the hosts then hold the next batch when an update
 starts, and put its rows first), and 30% pipeline both sides
 (``pipeline_execution_with_tensor_core``; in one call a host then looks a
-batch up ahead of the previous step's gradients).  Every step's activations and, at the end, every table
-and slot must equal the single engine's (rtol 1e-5: a bag split over hosts
-is summed in another order), else a ``corruption`` finding; a TF error on
-valid input is a ``wrong_error`` (the executor's usual classification).
+batch up ahead of the previous step's gradients).  Every step's activations
+and, at the end, every table and slot must equal the single engine's (rtol
+1e-5: a bag split over hosts is summed in another order), else a
+``corruption`` finding; a TF error on valid input is a ``wrong_error`` (the
+executor's usual classification).
 The worker starts afresh after each cluster case: leaving the cluster resets
 TensorFlow's eager context, and the other families need the worker's
 two-CPU one.

@@ -135,10 +135,10 @@ class Executor:
         for i, (a, b) in enumerate(zip(self.snapshot, now)):
             for t, (x, y) in enumerate(zip(a, b)):
                 if x.shape != y.shape or x.tobytes() != y.tobytes():
+                    differ = (int(np.sum(x.view(np.uint32) != y.view(np.uint32)))
+                              if x.shape == y.shape else -1)
                     raise Finding("corruption", "%s: table %d state variable %d changed "
-                                  "(%d of %d values differ)" % (
-                                      what, t, i, int(np.sum(x.view(np.uint32) != y.view(np.uint32)))
-                                      if x.shape == y.shape else -1, x.size))
+                                  "(%d of %d values differ)" % (what, t, i, differ, x.size))
 
     # ----------------------------------------------------------- driver
     def run(self, case):

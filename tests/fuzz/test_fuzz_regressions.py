@@ -21,7 +21,8 @@ def test_dynamic_enqueue_device_ordinal_must_be_a_scalar(ordinal):
                            "sample_indices_or_row_splits"),
                           ("DynamicEnqueueTPUEmbeddingRaggedTensorBatch", "sample_splits")):
             extra = {"table_ids": [0]} if "Ragged" in op else {}
-            with pytest.raises(tf.errors.InvalidArgumentError, match="device_ordinal must be a scalar"):
+            with pytest.raises(tf.errors.InvalidArgumentError,
+                               match="device_ordinal must be a scalar"):
                 getattr(tf.raw_ops, op)(**{first: [np.zeros([0], np.int32)]},
                                         embedding_indices=[np.array([1, 2], np.int64)],
                                         aggregation_weights=[np.zeros([0], np.float32)],

@@ -29,7 +29,8 @@ from tf_tpu_emb.serving import find_non_stock_ops
 import harness  # tests/common: the one way to start a child process
 
 # Keras warns that fit(shuffle=True) (its default) does not shuffle a tf.data.Dataset.
-pytestmark = [pytest.mark.tf_version, pytest.mark.filterwarnings("ignore:`shuffle=True` was passed:UserWarning")]
+pytestmark = [pytest.mark.tf_version,
+              pytest.mark.filterwarnings("ignore:`shuffle=True` was passed:UserWarning")]
 
 E = tf.tpu.experimental.embedding
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -532,10 +533,11 @@ def test_get_config_from_config_round_trip():
 
     # The rebuilt layer builds the same engine configuration.
     protos = []
-    for l in (layer, clone):
-        l.build()
-        emb = l.embedding
-        emb._update_output_shapes(emb._output_shapes_from_batch_size(4))  # pylint: disable=protected-access
+    for each in (layer, clone):
+        each.build()
+        emb = each.embedding
+        # pylint: disable-next=protected-access
+        emb._update_output_shapes(emb._output_shapes_from_batch_size(4))
         protos.append(emb._create_config_proto())  # pylint: disable=protected-access
     assert protos[0] == protos[1]
     assert len(protos[0].table_descriptor) == 4

@@ -51,7 +51,8 @@ def head(acts, seed=7):
                                     keras.layers.Flatten()(acts["user"]["history"])])
     x = keras.layers.Dense(5, activation="relu",
                            kernel_initializer=keras.initializers.GlorotUniform(seed=seed))(x)
-    return keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(seed=seed + 1))(x)
+    return keras.layers.Dense(
+        1, kernel_initializer=keras.initializers.GlorotUniform(seed=seed + 1))(x)
 
 
 def make_model(layer_cls=TPUEmbeddingV0Layer):
@@ -184,7 +185,8 @@ def test_save_load_predict_identical(trained, tmp_path):
 
 def test_get_config_round_trip():
     video = E.TableConfig(20, 4, combiner="sqrtn", name="video",
-                          optimizer=E.Adam(0.01, beta_1=0.8, lazy_adam=False, clipvalue=(None, 2.0)),
+                          optimizer=E.Adam(0.01, beta_1=0.8, lazy_adam=False,
+                                           clipvalue=(None, 2.0)),
                           quantization_config=E.QuantizationConfig(4, -1.0, 1.0),
                           initializer=tf.keras.initializers.Constant(0.25))
     user = E.TableConfig(11, 3, name="user")

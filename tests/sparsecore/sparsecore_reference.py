@@ -56,7 +56,9 @@ def coo(rows, ids, weights, sample_count, combiner):
         if kr and kr[-1] == r and kc[-1] == c:
             kg[-1] = np.float32(kg[-1] + w)
         else:
-            kr.append(int(r)); kc.append(int(c)); kg.append(np.float32(w))
+            kr.append(int(r))
+            kc.append(int(c))
+            kg.append(np.float32(w))
     gains = np.array(kg, np.float32)
     if combiner != "sum":
         with np.errstate(divide="ignore"):
@@ -155,15 +157,19 @@ def csr_wrapped(per_sc, splits, num_physical, max_minibatches, max_ids, allow_dr
                     if not allow_dropping:
                         return "error"
                     n = max_ids - len(tid)
-                tid += list(cols[lo:lo + n]); sid += list(rows[lo:lo + n])
+                tid += list(cols[lo:lo + n])
+                sid += list(rows[lo:lo + n])
                 gn += list(gains[lo:lo + n])
                 rp.append(len(tid))
                 pad = -len(tid) % 8
-                tid += [PAD] * pad; sid += [PAD] * pad; gn += [float(PAD)] * pad
+                tid += [PAD] * pad
+                sid += [PAD] * pad
+                gn += [float(PAD)] * pad
             rp += [len(tid)] * (-len(rp) % 8)
     end = len(tid)
     rp += [end] * (max_minibatches * len(per_sc) * g_size - len(rp))
-    tid += [PAD] * (max_ids - end); sid += [PAD] * (max_ids - end)
+    tid += [PAD] * (max_ids - end)
+    sid += [PAD] * (max_ids - end)
     gn += [float(PAD)] * (max_ids - end)
     return (np.array(rp, np.int32), np.array(sid, np.int32), np.array(tid, np.int32),
             np.array(gn, np.float32), len(per_sc) * m * g_size, end, m)
@@ -197,13 +203,18 @@ def pack_csr(ids_by_group, num_sc, m, max_minibatches, buffer_len):
     for group in ids_by_group:
         for j in range(g):
             for s, t, w in (group[j] if j < num_sc else []):
-                sid.append(s); tid.append(t); gn.append(w)
+                sid.append(s)
+                tid.append(t)
+                gn.append(w)
             rp.append(len(sid))
             pad = -len(sid) % 8
-            sid += [PAD] * pad; tid += [PAD] * pad; gn += [float(PAD)] * pad
+            sid += [PAD] * pad
+            tid += [PAD] * pad
+            gn += [float(PAD)] * pad
     rp += [len(sid)] * (max_minibatches * num_sc * g - len(rp))
     n = len(sid)
-    sid += [PAD] * (buffer_len - n); tid += [PAD] * (buffer_len - n)
+    sid += [PAD] * (buffer_len - n)
+    tid += [PAD] * (buffer_len - n)
     gn += [float(PAD)] * (buffer_len - n)
     return (np.array(rp, np.int32), np.array(sid, np.int32), np.array(tid, np.int32),
             np.array(gn, np.float32))
@@ -312,7 +323,10 @@ def pack_pos_csr(groups, num_sc, buffer_len):
     for group in groups:
         for j in range(g):
             for s, t, p, w in (group[j] if j < num_sc else []):
-                sid.append(s); tid.append(t); pid.append(p); gn.append(w)
+                sid.append(s)
+                tid.append(t)
+                pid.append(p)
+                gn.append(w)
             rp.append(len(sid))
             pad = -len(sid) % 8
             for buf in (sid, tid, pid):

@@ -8,14 +8,15 @@ TF's ``TPUEmbeddingForServing`` and into our V1 object."""
 import numpy as np
 import pytest
 import tensorflow as tf
+
+from tf_tpu_emb import sparsecore_checkpoint as scc
+
 # TF's SparseCore layout stacker and utilities arrived after 2.16 (the old-TF lane).
 _pywrap_sparse_core_layout = pytest.importorskip(
     "tensorflow.python.tpu._pywrap_sparse_core_layout",
     reason="this TensorFlow has no SparseCore layout stacker")
 sparse_core_layout_pb2 = pytest.importorskip("tensorflow.core.tpu.kernels.sparse_core_layout_pb2")
 v3_utils = pytest.importorskip("tensorflow.python.tpu.tpu_embedding_v3_utils")
-
-from tf_tpu_emb import sparsecore_checkpoint as scc
 
 TABLES = [("alpha", 37, 8), ("beta", 100, 8), ("gamma", 12, 4)]  # name, rows, width
 
@@ -41,8 +42,8 @@ def _stack_heights(layouts):
 
 
 def layouts_width(layouts, stack):
-    return next(l.unsharded_padded_shape[1] for l in layouts.values()
-                if l.stacked_table_name == stack)
+    return next(layout.unsharded_padded_shape[1] for layout in layouts.values()
+                if layout.stacked_table_name == stack)
 
 
 @pytest.mark.parametrize("num_partitions,num_sc,stacking", [(1, 4, True), (2, 4, True),
@@ -67,7 +68,7 @@ def test_unstack_matches_tfs_unshuffle(num_partitions, num_sc, stacking):
             assert got.shape == tuple(layout.unsharded_shape)
             np.testing.assert_array_equal(got, want)
     if stacking and num_partitions > 1:  # the case the stacking rotates
-        assert any(l.sparse_core_shard_rotation for l in layouts.values())
+        assert any(layout.sparse_core_shard_rotation for layout in layouts.values())
 
 
 def test_unstack_refuses_a_variable_of_the_wrong_height():

@@ -130,7 +130,8 @@ def _lookup(rp=(2, 8, 8, 8, 8, 8, 8, 8), sid=(0, 1), tid=(0, 2), table_rows=4, n
     sid = list(sid) + [ref.PAD] * (n - len(sid))
     tid = list(tid) + [ref.PAD] * (n - len(tid))
     kwargs = dict(name=name or "XlaSparseDenseMatmulWithCsrInput",
-                  row_pointers=np.asarray(rp, np.int32), sorted_sample_ids=np.asarray(sid, np.int32),
+                  row_pointers=np.asarray(rp, np.int32),
+                  sorted_sample_ids=np.asarray(sid, np.int32),
                   sorted_token_ids=np.asarray(tid, np.int32), sorted_gains=np.ones(n, np.float32),
                   embedding_table=np.ones((table_rows, 2), np.float32),
                   num_minibatches_per_physical_sparse_core=np.int32(1), input_size=2,

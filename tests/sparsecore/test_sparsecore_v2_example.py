@@ -25,8 +25,8 @@ def _example(tmp_path, replicas):
             "%d replica(s), 4 SparseCores per chip, stacked tables ['genre', 'user_video']"
             % replicas in proc.stdout), proc.stdout
     lines = proc.stdout.splitlines()
-    losses = json.loads([l for l in lines if l.startswith("LOSSES ")][-1][len("LOSSES "):])
-    tables = json.loads([l for l in lines if l.startswith("TABLES ")][-1][len("TABLES "):])
+    losses = json.loads([line for line in lines if line.startswith("LOSSES ")][-1][len("LOSSES "):])
+    tables = json.loads([line for line in lines if line.startswith("TABLES ")][-1][len("TABLES "):])
     return losses, {name: np.array(t, np.float32) for name, t in tables.items()}
 
 

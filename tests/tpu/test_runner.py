@@ -4,7 +4,6 @@ __main__, sys.path[0], exit status, uncaught exceptions; ``-m MODULE``,
 a TPU program trains through the engine with TPU Adagrad's numerics."""
 import json
 import os
-import sys
 import textwrap
 
 import numpy as np
@@ -92,7 +91,8 @@ def _example(tmp_path, replicas):
     assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), harness.describe(proc)
     assert ("embedding class: tf_tpu_emb.mid_level.TPUEmbedding, %d replica(s)" % replicas
             in proc.stdout)
-    losses = json.loads([l for l in proc.stdout.splitlines() if l.startswith("LOSSES ")][-1][7:])
+    losses = json.loads([line for line in proc.stdout.splitlines()
+                         if line.startswith("LOSSES ")][-1][7:])
     path = str(directory / "ckpt-2")   # after 30 steps
     return losses, {name: tf.train.load_variable(path, name)
                     for name, _ in tf.train.list_variables(path)

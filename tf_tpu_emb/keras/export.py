@@ -87,8 +87,8 @@ def export_serving(path, model, input_signature=None, *, signature_name="serving
 def _check(model, input_signature):
     if input_signature is None:
         input_signature = input_signature_of(model)
-    emb_layers = [l for l in model._flatten_layers()  # pylint: disable=protected-access
-                  if isinstance(l, layers_lib.TPUEmbeddingLayer)]
+    emb_layers = [layer for layer in model._flatten_layers()  # pylint: disable=protected-access
+                  if isinstance(layer, layers_lib.TPUEmbeddingLayer)]
     if not emb_layers:
         raise ValueError("%r has no TPUEmbeddingLayer." % (model,))
     flat_sig = _nest.flatten_with_joined_string_paths(input_signature)

@@ -294,8 +294,8 @@ class TPUEmbeddingLayer(keras.layers.Layer):
                 if init is None:
                     initializer = "zeros"
                 else:
-                    initializer = (lambda shape, dtype=None, _i=init:
-                                   _i(shape, dtype=tf.as_dtype(dtype or "float32")))
+                    def initializer(shape, dtype=None, _i=init):
+                        return _i(shape, dtype=tf.as_dtype(dtype or "float32"))
                 with self._open_name_scope():
                     var = mirrors_lib.TableVariable(
                         initializer=initializer, shape=(table.vocabulary_size, table.dim),
@@ -670,8 +670,8 @@ def stock_lookup(model_or_layers):
     if isinstance(model_or_layers, TPUEmbeddingLayer):
         layers = [model_or_layers]
     elif isinstance(model_or_layers, keras.layers.Layer):
-        layers = [l for l in model_or_layers._flatten_layers()  # pylint: disable=protected-access
-                  if isinstance(l, TPUEmbeddingLayer)]
+        layers = [layer for layer in model_or_layers._flatten_layers()  # pylint: disable=protected-access
+                  if isinstance(layer, TPUEmbeddingLayer)]
     else:
         layers = list(model_or_layers)
     for layer in layers:
