@@ -81,7 +81,7 @@ def test_random_damage_is_invalid_argument_or_valid_never_a_crash(seed):
   code = CHILD.format(tests=os.path.dirname(os.path.abspath(__file__)), seed=seed,
                       cases=CASES // 2)
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                       timeout=600, cwd=ROOT)
+                       timeout=600 + CASES * 0.25, cwd=ROOT)  # long runs: more time
   assert out.returncode == 0, (out.returncode, out.stdout[-2000:], out.stderr[-3000:])
   counts = [line for line in out.stdout.splitlines() if line.startswith("COUNTS")]
   assert counts, out.stdout
