@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PIP     = $(PY) -m pip
 TF_REQ ?= tensorflow-cpu==2.21.0
-SRCS    = $(wildcard ops/*.cc engine/*.cc kernels/*.cc core/*.h engine/*.h kernels/*.h) setup.py
+SRCS    = $(wildcard ops/*.cc engine/*.cc kernels/*.cc core/*.h engine/*.h kernels/*.h ops/*.h) setup.py
 PYTEST_ARGS ?=
 
 .PHONY: all venv build test test-quick test-all cpp-test demo movielens bench bench-peers bazel-check bazel-install clean fuzz sanitize \

@@ -31,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # definitions), engine/ (the CPU engine) and kernels/ (op glue); core/ is
 # header-only.  Includes are repository-relative ("core/config.h").
 SOURCE_DIRS = ("ops", "engine", "kernels")
-HEADER_DIRS = ("core", "engine", "kernels")
+HEADER_DIRS = ("core", "engine", "kernels", "ops")
 SOURCES = sorted(os.path.relpath(p, HERE) for d in SOURCE_DIRS
                  for p in glob.glob(os.path.join(HERE, d, "*.cc")))
 HEADERS = sorted(os.path.relpath(p, HERE) for d in HEADER_DIRS
