@@ -35,7 +35,7 @@ git ls-files -z --cached --others --exclude-standard | \
 cd $(1) && $(2) setup.py -q build_ext --inplace --build-temp $(1)/build/tmp
 endef
 SRCS    = $(wildcard ops/*.cc engine/*.cc kernels/*.cc kernels/sparsecore/*.cc core/*.h engine/*.h \
-            kernels/*.h kernels/sparsecore/*.h) setup.py
+            kernels/*.h kernels/sparsecore/*.h ops/*.h) setup.py
 PYTEST_ARGS ?=
 
 .PHONY: all venv build test test-quick test-all cpp-test demo movielens bench bench-peers bazel-check bazel-install clean fuzz sanitize \

@@ -32,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # family in kernels/sparsecore/); core/ is header-only.  Includes are
 # repository-relative ("core/config.h").
 SOURCE_DIRS = ("ops", "engine", "kernels", "kernels/sparsecore")
-HEADER_DIRS = ("core", "engine", "kernels", "kernels/sparsecore")
+HEADER_DIRS = ("core", "engine", "kernels", "kernels/sparsecore", "ops")
 SOURCES = sorted(os.path.relpath(p, HERE) for d in SOURCE_DIRS
                  for p in glob.glob(os.path.join(HERE, d, "*.cc")))
 HEADERS = sorted(os.path.relpath(p, HERE) for d in HEADER_DIRS

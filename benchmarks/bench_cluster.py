@@ -60,6 +60,7 @@ from tensorflow.core.protobuf.tpu import tpu_embedding_configuration_pb2  # noqa
 
 import tf_tpu_emb  # noqa: E402
 from tf_tpu_emb.cluster import EmbeddingHosts, routing  # noqa: E402
+from tf_tpu_emb.features import Feature  # noqa: E402
 from tf_tpu_emb.cluster import local as local_hosts  # noqa: E402
 
 E = tf.tpu.experimental.embedding
@@ -183,7 +184,7 @@ def bytes_per_host(config, features, num_hosts, form="auto"):
     proto = tpu_embedding_configuration_pb2.TPUEmbeddingConfiguration.FromString(config)
     proto.num_hosts = num_hosts
     router = routing.Router(proto.SerializeToString(),
-                            [routing.FeatureRoute(name, [], 1, "mean") for name in features],
+                            [Feature(name, [], 1, "mean") for name in features],
                             num_hosts, form=form)
     try:
         batches, floats, _ = router.route([f.row_splits for f in features.values()],

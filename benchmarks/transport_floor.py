@@ -227,6 +227,7 @@ def main(argv=None):
     from tf_tpu_emb.cluster import EmbeddingHosts  # pylint: disable=import-outside-toplevel
     from tf_tpu_emb.cluster import local as local_hosts  # pylint: disable=import-outside-toplevel
     from tf_tpu_emb.cluster import routing  # pylint: disable=import-outside-toplevel
+    from tf_tpu_emb.features import Feature  # pylint: disable=import-outside-toplevel
 
     args.form = "auto"
     tables, features, cot = bench.workload(args)
@@ -235,7 +236,7 @@ def main(argv=None):
     proto = bench.tpu_embedding_configuration_pb2.TPUEmbeddingConfiguration.FromString(config)
     proto.num_hosts = 1
     router = routing.Router(proto.SerializeToString(),
-                            [routing.FeatureRoute(name, [], 1, "mean") for name in features],
+                            [Feature(name, [], 1, "mean") for name in features],
                             1, form="auto")
     batches, floats, _ = router.route([f.row_splits for f in features.values()],
                                       [f.values for f in features.values()],

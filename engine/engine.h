@@ -281,9 +281,9 @@ class Engine : public ::tensorflow::ResourceBase {
   // A host's shard with pipelining (`lookahead_`): a replica may look up its
   // next batch before it sent the gradients of the one in flight, so that
   // step k+1's lookup and its activations' trip to the worker overlap step
-  // k's gradients coming back (benchmarks/RESULTS.md, issue 31).  ahead_[r]
-  // holds that next batch until in_flight_[r] is sent; at most one: the
-  // lookup after next must see the current update.  The routed Send names
+  // k's gradients coming back (benchmarks/RESULTS.md, "the hosts as separate
+  // machines").  ahead_[r] holds that next batch until in_flight_[r] is
+  // sent; at most one: the lookup after next must see the current update.  The routed Send names
   // the batch it answers (its sequence), so the order stays checked.
   bool lookahead_ = false;
   std::vector<std::deque<Batch>> ahead_;  // per replica, at most one batch

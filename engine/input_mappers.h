@@ -4,7 +4,10 @@
 // ids inside the vocabulary, finite weights) and only then builds the batch
 // (per output, CSR over its bags in input order); on an error nothing is
 // built and the engine is untouched.  The kernels (kernels/enqueue_kernels.cc)
-// read the op's attributes and inputs and hand them here.
+// read the op's attributes and inputs and hand them here.  This header is
+// the interface; the mappers are in engine/positional_mappers.cc,
+// engine/feature_batch_mapper.cc and (the hosts') engine/routed_mapper.cc,
+// over engine/mapper_base.h.
 #ifndef TF_TPU_EMB_ENGINE_INPUT_MAPPERS_H_
 #define TF_TPU_EMB_ENGINE_INPUT_MAPPERS_H_
 

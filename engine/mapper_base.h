@@ -1,6 +1,7 @@
-// The machinery the input mappers share (engine-internal; included by
-// engine/input_mappers.cc and engine/feature_batch_mapper.cc only): element
-// views of id/weight tensors, the error-message helpers, and MapperBase --
+// The machinery the input mappers share (engine-internal; included by the
+// mappers, engine/{positional,feature_batch,routed}_mapper(s).cc, and the
+// worker's router, engine/routing.cc): element views of id/weight tensors,
+// the error-message helpers (engine/mapper_base.cc), and MapperBase --
 // combiners per input, positional inputs, the id check and the CSR assembly,
 // so that a mapper only says where each input element goes (MapFeatures).
 #ifndef TF_TPU_EMB_ENGINE_MAPPER_BASE_H_

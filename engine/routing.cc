@@ -1,6 +1,6 @@
 // The sharded data path's arithmetic (engine/routing.h): the worker's
 // Router (registry, queues, plan, pack, combine, split).  The hosts' input
-// mapper of packed batches is in engine/input_mappers.cc.
+// mapper of packed batches is in engine/routed_mapper.cc.
 #include "engine/routing.h"
 
 #include <algorithm>

@@ -49,7 +49,7 @@
 // answers.
 //
 // Implementation: engine/routing.cc (plan, pack, combine, split, the router
-// registry); the hosts' mapper in engine/input_mappers.cc.
+// registry); the hosts' mapper in engine/routed_mapper.{h,cc}.
 #ifndef TF_TPU_EMB_ENGINE_ROUTING_H_
 #define TF_TPU_EMB_ENGINE_ROUTING_H_
 
@@ -65,7 +65,6 @@
 #include "core/sharding.h"
 #include "engine/batch.h"
 #include "engine/engine.h"
-#include "engine/input_mappers.h"
 
 namespace tf_tpu_emb {
 
@@ -213,12 +212,6 @@ class Router {
   void PlanOutput(int o, bool host_filter, bool training, RoutePlan* plan) const;
   void PlanTable(int t, RouteChoice choice, bool training, RoutePlan* plan) const;
 };
-
-// The hosts' side: the input mapper of EnqueueTPUEmbeddingRoutedBatch (its
-// one input is the packed batch); validates the whole batch against this
-// host's engine (host id, outputs, sizes, local rows, finite weights) before
-// building anything.  Sets batch->training and batch->sequence.
-std::unique_ptr<InputMapper> RoutedBatchMapper(std::string op);
 
 }  // namespace tf_tpu_emb
 

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/engine.h"
 #include "engine/input_mappers.h"
+#include "engine/routed_mapper.h"
 #include "engine/routing.h"
 #include "kernels/registration.h"
 #include "tensorflow/core/framework/op_kernel.h"

@@ -5,7 +5,8 @@
 //
 // TF already registers the bare names; a plugin's REGISTER_OP for those names
 // is silently ignored, which is why ours carry a prefix.  The CPU kernels
-// (kernels/) are registered under both names.
+// (kernels/) are registered under both names.  The ops of the embedding
+// hosts (ours, no TF counterpart) are in ops/host_ops.cc.
 #include <algorithm>
 #include <array>
 #include <string>
@@ -14,29 +15,20 @@
 #include "absl/strings/str_cat.h"
 #include "core/config.h"
 #include "core/optimizers.h"
+#include "ops/op_defs.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
 namespace tf_tpu_emb {
-namespace {
 
 using ::tensorflow::shape_inference::DimensionHandle;
 using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
 using ::tensorflow::shape_inference::UnknownShape;
 
-// The namespace of every op of this library (see the file comment).
-#define TTE_PREFIX "TfTpuEmb>"
-#define TTE_OP(name) REGISTER_OP(TTE_PREFIX name)
-
-// Every op that addresses an engine takes it by name, as its last attr
-// (generated wrappers take attrs positionally: TF's come first, unchanged).
-// "" is the process's default engine, the one TF's core-named ops address.
-constexpr char kEngineAttr[] = "engine: string = ''";
-
-// ---------------------------------------------------------------- data path
-
+// The shape functions the hosts' ops (ops/host_ops.cc) share with TF's
+// (declared in ops/op_defs.h).
 absl::Status RecvShapeFn(InferenceContext* c) {
   std::string bytes;
   TF_RETURN_IF_ERROR(c->GetAttr("config", &bytes));
@@ -54,6 +46,29 @@ absl::Status RecvShapeFn(InferenceContext* c) {
   }
   return absl::OkStatus();
 }
+
+absl::Status CombinersLengthShapeFn(InferenceContext* c) {
+  std::vector<std::string> combiners;
+  TF_RETURN_IF_ERROR(c->GetAttr("combiners", &combiners));
+  int n;
+  TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+  if (!combiners.empty() && static_cast<int>(combiners.size()) != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Invalid length of combiners. Have ", combiners.size(),
+                     " but expected 0 or ", n));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TwoScalarsShapeFn(InferenceContext* c) {
+  c->set_output(0, c->Scalar());
+  c->set_output(1, c->Scalar());
+  return absl::OkStatus();
+}
+
+namespace {
+
+// ---------------------------------------------------------------- data path
 
 TTE_OP("RecvTPUEmbeddingActivations")
     .Output("outputs: num_outputs * float32")
@@ -103,19 +118,6 @@ TTE_OP("SendTPUEmbeddingGradients")
     });
 
 // ------------------------------------------------------------------ enqueue
-
-absl::Status CombinersLengthShapeFn(InferenceContext* c) {
-  std::vector<std::string> combiners;
-  TF_RETURN_IF_ERROR(c->GetAttr("combiners", &combiners));
-  int n;
-  TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
-  if (!combiners.empty() && static_cast<int>(combiners.size()) != n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Invalid length of combiners. Have ", combiners.size(),
-                     " but expected 0 or ", n));
-  }
-  return absl::OkStatus();
-}
 
 TTE_OP("EnqueueTPUEmbeddingIntegerBatch")
     .Input("batch: N * int32")
@@ -173,23 +175,6 @@ void RegisterEnqueueOp(const std::string& name, const char* first_input,
 
 TTE_OP("ConfigureTPUEmbedding")
     .Attr("config: string")
-    .Attr(kEngineAttr)
-    .SetIsStateful()
-    .SetShapeFn(::tensorflow::shape_inference::NoOutputs);
-
-// Ours: ConfigureTPUEmbedding for host `host_id` of the config's num_hosts
-// (TF's core op configures one host holding every table whole).  The engine
-// holds only shard host_id of num_hosts of every table and slot, in the
-// config's sharding_strategy (docs/tpu_embedding_semantics.md §2.7): the rows
-// Load/Retrieve(num_shards=num_hosts, shard_id=host_id) address.
-// With lease_seconds > 0 the engine is a trainer's host lease (README
-// "Running on several machines"; Engine::EvictLeases): refused while another
-// lease runs unless `takeover`, kept by RenewTPUEmbeddingLease.
-TTE_OP("ConfigureTPUEmbeddingHostShard")
-    .Attr("config: string")
-    .Attr("host_id: int >= 0")
-    .Attr("lease_seconds: float = 0")
-    .Attr("takeover: bool = false")
     .Attr(kEngineAttr)
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::NoOutputs);
@@ -405,197 +390,6 @@ bool RegisterGeneratedOps() {
 }  // namespace
 }  // namespace tf_tpu_emb
 
-// ------------------------------------------------------ sharded data path
-// Ours (no TF counterpart): the enqueue/Recv/Send of a model whose tables
-// are sharded over embedding hosts (engine/routing.h; tf_tpu_emb/cluster/
-// sharded.py builds them).  On the worker: Route (the replica's
-// ArbitraryTensorBatch inputs -> one packed batch per host), Combine (the
-// hosts' Recv outputs -> the replica's activations), Split (activation
-// gradients -> one vector per host), all for the router named `router`
-// (per replica `device_ordinal`), which ShutdownTPUEmbeddingRouter forgets.
-// Route's `form`: "auto" (per output and step the form that moves fewer
-// bytes), "bags" or "rows" (forced), "host_filter" (the whole batch to every
-// host); see engine/routing.h.
-// On host k: EnqueueTPUEmbeddingRoutedBatch, RecvTPUEmbeddingRoutedActivations,
-// SendTPUEmbeddingRoutedGradients on the engine of ConfigureTPUEmbeddingHostShard.
-
-namespace tf_tpu_emb {
-namespace {
-
-absl::Status RouterConfig(InferenceContext* c, TPUEmbeddingConfiguration* config) {
-  std::string bytes;
-  TF_RETURN_IF_ERROR(c->GetAttr("config", &bytes));
-  TF_RETURN_IF_ERROR(ParseConfig(bytes, config));
-  int num_hosts;
-  TF_RETURN_IF_ERROR(c->GetAttr("num_hosts", &num_hosts));
-  if (num_hosts != std::max(1, config->num_hosts())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "num_hosts is ", num_hosts, " but the config's num_hosts is ", config->num_hosts()));
-  }
-  return absl::OkStatus();
-}
-
-// "feature 'watched'" (or "input 2" of a table-mode config).
-std::string FeatureLabel(const TPUEmbeddingConfiguration& config, int i) {
-  if (i < config.feature_descriptor_size()) {
-    return absl::StrCat("feature '", config.feature_descriptor(i).name(), "'");
-  }
-  return absl::StrCat("input ", i);
-}
-
-TTE_OP("RouteTPUEmbeddingArbitraryTensorBatch")
-    .Input("sample_indices_or_row_splits: N * T1")
-    .Input("embedding_indices: N * T2")
-    .Input("aggregation_weights: N * T3")
-    .Input("mode_override: string")
-    .Output("host_batches: num_hosts * uint8")
-    .Output("host_floats: int64")
-    .Output("sequence: int64")
-    .Attr("T1: {int32,int64} = DT_INT32")
-    .Attr("T2: {int32,int64} = DT_INT32")
-    .Attr("T3: {float32,float64} = DT_FLOAT")
-    .Attr("N: int >= 1")
-    .Attr("num_hosts: int >= 1")
-    .Attr("device_ordinal: int >= 0")
-    .Attr("combiners: list(string) = []")
-    .Attr("config: string")
-    .Attr("router: string")
-    .Attr("form: {'auto', 'bags', 'rows', 'host_filter'} = 'auto'")
-    .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) -> absl::Status {
-      TF_RETURN_IF_ERROR(CombinersLengthShapeFn(c));
-      TPUEmbeddingConfiguration config;
-      TF_RETURN_IF_ERROR(RouterConfig(c, &config));
-      int n, num_hosts;
-      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
-      TF_RETURN_IF_ERROR(c->GetAttr("num_hosts", &num_hosts));
-      const int features = config.feature_descriptor_size() > 0
-                               ? config.feature_descriptor_size()
-                               : config.table_descriptor_size();
-      if (n != features) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "got ", n, " inputs but the config has ", features, " feature descriptors"));
-      }
-      for (int i = 0; i < n; ++i) {
-        ShapeHandle unused;
-        const absl::Status ranks = [&]() -> absl::Status {
-          TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(i), 1, &unused));
-          TF_RETURN_IF_ERROR(c->WithRankAtMost(c->input(i), 2, &unused));
-          TF_RETURN_IF_ERROR(c->WithRank(c->input(n + i), 1, &unused));
-          return c->WithRank(c->input(2 * n + i), 1, &unused);
-        }();
-        if (!ranks.ok()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              FeatureLabel(config, i), ": ", ranks.message(), " (indices or splits of rank 1 "
-              "or 2, ids and weights of rank 1)"));
-        }
-      }
-      for (int k = 0; k < num_hosts; ++k) c->set_output(k, c->Vector(c->UnknownDim()));
-      c->set_output(num_hosts, c->Vector(num_hosts));
-      c->set_output(num_hosts + 1, c->Scalar());
-      return absl::OkStatus();
-    });
-
-TTE_OP("CombineTPUEmbeddingRoutedActivations")
-    .Input("host_activations: num_hosts * float32")
-    .Output("outputs: num_outputs * float32")
-    .Attr("num_hosts: int >= 1")
-    .Attr("num_outputs: int >= 1")
-    .Attr("device_ordinal: int >= 0")
-    .Attr("config: string")
-    .Attr("router: string")
-    .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) -> absl::Status {
-      TPUEmbeddingConfiguration config;
-      TF_RETURN_IF_ERROR(RouterConfig(c, &config));
-      for (int k = 0; k < c->num_inputs(); ++k) {
-        ShapeHandle unused;
-        TF_RETURN_IF_ERROR(c->WithRank(c->input(k), 1, &unused));
-      }
-      return RecvShapeFn(c);
-    });
-
-TTE_OP("SplitTPUEmbeddingRoutedGradients")
-    .Input("inputs: N * float32")
-    .Input("learning_rates: NN * float32")
-    .Output("host_gradients: num_hosts * float32")
-    .Attr("N: int >= 1")
-    .Attr("NN: int >= 0 = 0")
-    .Attr("num_hosts: int >= 1")
-    .Attr("device_ordinal: int >= 0")
-    .Attr("config: string")
-    .Attr("router: string")
-    .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) -> absl::Status {
-      TPUEmbeddingConfiguration config;
-      TF_RETURN_IF_ERROR(RouterConfig(c, &config));
-      std::vector<TensorShapeProto> shapes;
-      TF_RETURN_IF_ERROR(ComputeOutputShapes(config, &shapes));
-      int n, nn, num_hosts;
-      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
-      TF_RETURN_IF_ERROR(c->GetAttr("NN", &nn));
-      TF_RETURN_IF_ERROR(c->GetAttr("num_hosts", &num_hosts));
-      if (n != static_cast<int>(shapes.size())) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "got ", n, " gradients but Recv produces ", shapes.size(), " outputs"));
-      }
-      for (int i = 0; i < n; ++i) {
-        ShapeHandle want, unused;
-        TF_RETURN_IF_ERROR(c->MakeShapeFromShapeProto(shapes[i], &want));
-        if (!c->Merge(c->input(i), want, &unused).ok()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "gradient ", i, " (", FeatureLabel(config, i), ") has shape ",
-              c->DebugString(c->input(i)), " but Recv's output is ", c->DebugString(want)));
-        }
-      }
-      for (int i = 0; i < nn; ++i) {
-        ShapeHandle unused;
-        TF_RETURN_IF_ERROR(c->WithRank(c->input(n + i), 0, &unused));
-      }
-      for (int k = 0; k < num_hosts; ++k) c->set_output(k, c->Vector(c->UnknownDim()));
-      return absl::OkStatus();
-    });
-
-TTE_OP("ShutdownTPUEmbeddingRouter")
-    .Attr("router: string")
-    .SetIsStateful()
-    .SetShapeFn(::tensorflow::shape_inference::NoOutputs);
-
-TTE_OP("EnqueueTPUEmbeddingRoutedBatch")
-    .Input("batch: uint8")
-    .Attr("device_ordinal: int = -1")
-    .Attr(kEngineAttr)
-    .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) -> absl::Status {
-      ShapeHandle unused;
-      return c->WithRank(c->input(0), 1, &unused);
-    });
-
-TTE_OP("RecvTPUEmbeddingRoutedActivations")
-    .Output("activations: float32")
-    .Attr(kEngineAttr)
-    .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) {
-      c->set_output(0, c->Vector(c->UnknownDim()));
-      return absl::OkStatus();
-    });
-
-// `background`: the update the step's last Send completes runs after the
-// Send returns (the next Recv and Load/Retrieve wait for it); false: within
-// the Send, as SendTPUEmbeddingGradients.
-TTE_OP("SendTPUEmbeddingRoutedGradients")
-    .Input("gradients: float32")
-    .Attr("background: bool = true")
-    .Attr(kEngineAttr)
-    .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) -> absl::Status {
-      ShapeHandle unused;
-      return c->WithRank(c->input(0), 1, &unused);
-    });
-
-}  // namespace
-}  // namespace tf_tpu_emb
-
 // ------------------------------------------------------ fused embedding bag
 // Ours (no TF counterpart): the lookup behind tf_tpu_emb.TPUEmbeddingV0.
 // Bag b holds ids[row_splits[b] .. row_splits[b+1]) (weights alike, or none
@@ -660,18 +454,12 @@ TTE_OP("EmbeddingBagGrad")
 namespace tf_tpu_emb {
 namespace {
 
-absl::Status TwoScalars(InferenceContext* c) {
-  c->set_output(0, c->Scalar());
-  c->set_output(1, c->Scalar());
-  return absl::OkStatus();
-}
-
 TTE_OP("RetrieveTPUEmbeddingStepCount")
     .Output("step_count: int64")
     .Output("stochastic_rounding: bool")
     .Attr(kEngineAttr)
     .SetIsStateful()
-    .SetShapeFn(TwoScalars);
+    .SetShapeFn(TwoScalarsShapeFn);
 
 TTE_OP("LoadTPUEmbeddingStepCount")
     .Input("step_count: int64")
@@ -681,34 +469,6 @@ TTE_OP("LoadTPUEmbeddingStepCount")
       ShapeHandle scalar;
       return c->WithRank(c->input(0), 0, &scalar);
     });
-
-// A trainer's heartbeat: renews the host lease of the engine it names and
-// reads its step count; `lost` says why when the engine is gone ("" when
-// renewed; step_count is then -1).  Never fails: a failing remote op taints
-// the host's executor for the trainer's other ops.
-TTE_OP("RenewTPUEmbeddingLease")
-    .Output("lost: string")
-    .Output("step_count: int64")
-    .Attr(kEngineAttr)
-    .SetIsStateful()
-    .SetShapeFn(TwoScalars);
-
-// Before a leased configure of `engine`: evicts leases that ended (and, with
-// `takeover`, one that runs) and returns "" when the host may be configured,
-// else the refusal naming the holder and when its lease ends (never fails).
-TTE_OP("ClaimTPUEmbeddingHost")
-    .Output("refusal: string")
-    .Attr("takeover: bool = false")
-    .Attr(kEngineAttr)
-    .SetIsStateful()
-    .SetShapeFn(::tensorflow::shape_inference::ScalarShape);
-
-// The name of the engine whose host lease runs in this process, or "" (what
-// workers other than 0 attach to).
-TTE_OP("LeasedTPUEmbeddingEngine")
-    .Output("engine: string")
-    .SetIsStateful()
-    .SetShapeFn(::tensorflow::shape_inference::ScalarShape);
 
 }  // namespace
 }  // namespace tf_tpu_emb

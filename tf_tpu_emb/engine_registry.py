@@ -8,9 +8,9 @@ from :func:`name_for`, and a front end may hold that object on the user's
 behalf (the Keras ``TPUEmbeddingLayer``).  This module records both, per
 engine; nothing else keeps engine-ownership state.
 
-**Lifetime** (issue 24).  An owner's engine is released by :func:`release`
-(``TPUEmbedding.shutdown``) or, when the owner is garbage collected, by a
-``weakref.finalize`` callback.  Both go through the library's C entry point
+**Lifetime** (``tests/api/test_engine_lifetime.py``).  An owner's engine is
+released by :func:`release` (``TPUEmbedding.shutdown``) or, when the owner is
+garbage collected, by a ``weakref.finalize`` callback.  Both go through the library's C entry point
 ``TfTpuEmbReleaseEngine`` (engine/interrupts_and_c_api.cc, called with ctypes),
 not through a TF op: a finalizer runs on whatever thread the collector runs
 on, possibly in the middle of another thread's ``tf.function`` trace, where an

@@ -2,13 +2,15 @@
 ``enqueue`` make of the user's inputs (TF's v2 rules and error texts): the
 flattened ``build`` shapes, an input's per-replica shape, and one replica's
 dense / ``tf.SparseTensor`` / ``tf.RaggedTensor`` inputs and weights as the
-lists ``EnqueueTPUEmbeddingArbitraryTensorBatch`` takes."""
+lists ``EnqueueTPUEmbeddingArbitraryTensorBatch`` takes; the replica an
+``enqueue(device=...)`` feeds."""
 import collections.abc
 
 import tensorflow as tf
 from tensorflow.python.util import nest
 
-__all__ = ["flatten_shapes", "input_shape", "arbitrary_tensor_batch", "mode_of"]
+__all__ = ["flatten_shapes", "input_shape", "arbitrary_tensor_batch", "replica_devices",
+           "replica_of_device", "mode_of"]
 
 
 def flatten_shapes(shapes):
@@ -63,15 +65,17 @@ def input_shape(path, x, feature):
                      .format(path, type(x)))
 
 
-def arbitrary_tensor_batch(paths, features, flat_inputs, flat_weights):
-    """One replica's inputs (flat, feature-config order) as the lists of
-    ``EnqueueTPUEmbeddingArbitraryTensorBatch``, as TF's v2 builds them
-    (semantics §4.4): per feature, COO indices (a sequence's padded with a
-    position column), row splits or empty; int64 ids; weights or empty."""
+def arbitrary_tensor_batch(features, flat_inputs, flat_weights):
+    """One replica's inputs (flat, feature-config order; ``features``: the
+    :class:`tf_tpu_emb.features.Feature` s, their paths and TF configs) as the
+    lists of ``EnqueueTPUEmbeddingArbitraryTensorBatch``, as TF's v2 builds
+    them (semantics §4.4): per feature, COO indices (a sequence's padded with
+    a position column), row splits or empty; int64 ids; weights or empty."""
     indices, values, weights = [], [], []
     int_zeros = tf.zeros([0], tf.int32)
     float_zeros = tf.zeros([0], tf.float32)
-    for path, x, w, feature in zip(paths, flat_inputs, flat_weights, features):
+    for f, x, w in zip(features, flat_inputs, flat_weights):
+        path, feature = f.path, f.config
         if isinstance(x, tf.SparseTensor):
             sample_indices = tf.cast(x.indices, tf.int32)
             if (x.shape.rank == 2 and not feature.output_shape
@@ -99,6 +103,38 @@ def arbitrary_tensor_batch(paths, features, flat_inputs, flat_weights):
             values.append(tf.cast(tf.reshape(x, [-1]), tf.int64))
             weights.append(float_zeros)
     return indices, values, weights
+
+
+def replica_devices(strategy):
+    """The device of each replica of ``strategy`` (the default strategy has
+    no ``worker_devices``: its one replica is the host CPU)."""
+    try:
+        return tuple(strategy.extended.worker_devices)
+    except RuntimeError:
+        return ("/job:localhost/replica:0/task:0/device:CPU:0",)
+
+
+def replica_of_device(strategy, device):
+    """The replica of ``strategy`` that ``enqueue(device=...)`` feeds.  TF
+    maps a TPU device to its index (``/device:TPU:k`` -> queue k); here a
+    replica is a CPU device, so one of the strategy's worker devices (or
+    ``/CPU:k`` / ``/TPU:k`` with k < replicas, for code written for a TPU)
+    picks replica k."""
+    spec = tf.DeviceSpec.from_string(device)
+    if spec.device_type not in ("CPU", "TPU"):
+        raise ValueError("Non-TPU device {} passed to enqueue.".format(device))
+    devices = replica_devices(strategy)
+    for k, worker in enumerate(devices):
+        worker = tf.DeviceSpec.from_string(worker)
+        if spec.device_type == "CPU" and worker.make_merged_spec(spec) == worker:
+            return k
+    index = spec.device_index or 0
+    replicas = strategy.num_replicas_in_sync
+    if spec.device_type == "CPU" or not 0 <= index < replicas:
+        raise ValueError(
+            "enqueue(device={!r}): device index {} is not a replica of this "
+            "strategy ({} replica(s): {})".format(device, index, replicas, list(devices)))
+    return index
 
 
 def mode_of(training):

@@ -4,7 +4,9 @@ Python side, of "config -> output shapes" (C++: core/config.h).
 * :func:`output_shape` -- TF's mid-level rule from an input's shape to its
   feature's activation shape (used by :class:`tf_tpu_emb.TPUEmbedding` and
   the Keras ``TPUEmbeddingLayer``); :func:`v0_output_shape` -- the
-  plain-variable ``TPUEmbeddingV0`` rule (dense ids keep their shape).
+  plain-variable ``TPUEmbeddingV0`` rule (dense ids keep their shape);
+  :func:`incoming_output_shapes` and :func:`merge_output_shapes` -- the
+  mid-level API's output shapes from build / enqueue shapes, with TF's checks.
 * :class:`Layout` -- which ``RecvTPUEmbeddingActivations`` output each
   lookup comes from: :meth:`Layout.from_config` for a configuration proto
   (the TF1 raw-op flows), :meth:`Layout.for_features` for a caller that
@@ -28,7 +30,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf.tpu import tpu_embedding_configuration_pb2 as _config_pb2
 
 __all__ = ["LayoutFeature", "Layout", "slice_activations", "send_inputs", "output_shape",
-           "v0_output_shape"]
+           "v0_output_shape", "incoming_output_shapes", "merge_output_shapes"]
 
 
 # ============================================================ output shapes
@@ -72,6 +74,45 @@ def v0_output_shape(feature, input_shape, kind):
             return (shape[0], feature.max_sequence_length, dim)
         return shape[:-1] + (dim,)
     return shape + (dim,)
+
+
+def incoming_output_shapes(features, input_shapes=None, batch_size=None):
+    """What ``TPUEmbedding.build`` / ``enqueue`` make of per-replica
+    ``input_shapes`` (``TensorShape`` s, one per feature) or a
+    ``batch_size``: one output shape per feature
+    (:class:`tf_tpu_emb.features.Feature` s; their TF ``FeatureConfig``
+    decides), with TF's error for an input of rank 0."""
+    if input_shapes is None:
+        return [tf.TensorShape([batch_size, f.config.max_sequence_length])
+                if not f.config.output_shape and f.config.max_sequence_length > 0
+                else tf.TensorShape([batch_size]) for f in features]
+    out = []
+    for shape, f in zip(input_shapes, features):
+        if shape.rank is None or shape.rank < 1:
+            raise ValueError("Received input tensor of shape {}. Rank must be 1 and above"
+                             .format(shape))
+        out.append(tf.TensorShape(output_shape(f.config, shape.as_list())))
+    return out
+
+
+def merge_output_shapes(features, incoming):
+    """TF's check of ``incoming`` output shapes against those the features
+    already have (a contradiction is TF's ``ValueError``); returns the
+    features with the incoming shapes where theirs are not set."""
+    for f, new in zip(features, incoming):
+        old = tf.TensorShape(f.output_shape)
+        if not old.rank or not new.rank:
+            continue
+        if new.rank in (1, 2) and old.rank > new.rank:
+            continue  # ragged / sequence shapes are checked by the engine
+        if old.rank != new.rank or any(a and b and a != b
+                                       for a, b in zip(old.as_list(), new.as_list())):
+            raise ValueError(
+                f"Inconsistent shape founded for input feature {f.path}, Output shape is "
+                f"set to be {old}, But got incoming output shape {new}")
+    # Shapes already set (FeatureConfig.output_shape, build) win.
+    return [f if tf.TensorShape(f.output_shape).rank else f.with_output_shape(new)
+            for f, new in zip(features, incoming)]
 
 
 # =================================================================== layout

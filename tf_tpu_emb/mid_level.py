@@ -39,15 +39,6 @@ a TPU it drives this library's CPU engine:
   after it).  The dense part is the caller's: each worker computes it for its
   replicas (keep it in sync with a multi-worker strategy, as for any
   data-parallel model).  Checkpoints stay whole tables.
-
-This module is one concept, TF's ``TPUEmbedding`` surface, and it is over
-the ~600-line mark on purpose (its size is ``wc -l``'s to tell, not this
-docstring's): the parts that are not the class's own contract already live
-elsewhere (the engine(s) behind it in ``backend``, ``backend_factory`` and
-``cluster.sharded``, shape rules in ``layout``, input
-conversion in ``enqueue_inputs``, host variables in ``host_variables``, the
-Send in ``send``, engine ownership in ``engine_registry``, table descriptors
-in ``optimizers``).
 """
 import dataclasses
 import logging
@@ -66,6 +57,7 @@ from tensorflow.python.util import nest
 
 from tf_tpu_emb import backend_factory
 from tf_tpu_emb import enqueue_inputs
+from tf_tpu_emb import features as features_lib
 from tf_tpu_emb import gradients as gradients_lib
 from tf_tpu_emb import host_variables
 from tf_tpu_emb import layout as layout_lib
@@ -138,24 +130,27 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                              "and only with cluster=".format(workers))
         self._feature_config = feature_config
         self._pipeline = bool(pipeline_execution_with_tensor_core)
-        self._flat_features = nest.flatten(feature_config)
-        self._paths = [p for p, _ in nest.flatten_with_joined_string_paths(feature_config)]
-        for path, feature in zip(self._paths, self._flat_features):
+        # One record per flat feature (features.Feature: its path, TF's
+        # FeatureConfig, its output shape as known so far), in config order.
+        self._features = []
+        for path, feature in nest.flatten_with_joined_string_paths(feature_config):
             if not isinstance(feature, tpu_embedding_v2_utils.FeatureConfig):
                 raise ValueError("Feature {} is a {}, not a "
                                  "tf.tpu.experimental.embedding.FeatureConfig."
                                  .format(path, type(feature).__name__))
+            self._features.append(features_lib.Feature.of(path, feature))
         # Tables in order of first use, named and given the global optimizer
         # exactly as TF's TPUEmbedding does (TF mutates the TableConfigs too).
         self._table_config = []
-        for feature in self._flat_features:
-            if feature.table not in self._table_config:
-                self._table_config.append(feature.table)
+        for feature in self._features:
+            if feature.config.table not in self._table_config:
+                self._table_config.append(feature.config.table)
         names = []
+        base = tpu_embedding_v2_utils._Optimizer  # pylint: disable=protected-access
         for i, table in enumerate(self._table_config):
             if table.optimizer is None:
                 table.optimizer = optimizer
-            if table.optimizer is not None and not isinstance(table.optimizer, tpu_embedding_v2_utils._Optimizer):  # pylint: disable=protected-access
+            if table.optimizer is not None and not isinstance(table.optimizer, base):
                 raise ValueError("{} is an unsupported optimizer class. Please pass an "
                                  "instance of one of the optimizer classes under "
                                  "tf.tpu.experimental.embedding or tf_tpu_emb."
@@ -173,7 +168,6 @@ class TPUEmbedding(autotrackable.AutoTrackable):
             for fn in optimizers_lib.dynamic_input_fns(self._optimizer_of(table)):
                 if not any(fn is known for known in self._dynamic_inputs):
                     self._dynamic_inputs.append(fn)
-        self._output_shapes = [tf.TensorShape(f.output_shape) for f in self._flat_features]
         self._combiners = [t.combiner for t in self._table_config]
         self._strategy = tf.distribute.get_strategy()
         self._num_replicas = self._strategy.num_replicas_in_sync
@@ -292,19 +286,20 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         incoming = None
         if per_replica_input_shapes is not None:
             flat_shapes = enqueue_inputs.flatten_shapes(per_replica_input_shapes)
-            nest.assert_same_structure(flat_shapes, self._flat_features)
-            incoming = self._output_shapes_from_input_shapes(flat_shapes)
+            nest.assert_same_structure(flat_shapes, [f.config for f in self._features])
+            incoming = layout_lib.incoming_output_shapes(self._features, flat_shapes)
         elif per_replica_batch_size is not None:
-            incoming = self._output_shapes_from_batch_size(per_replica_batch_size)
+            incoming = layout_lib.incoming_output_shapes(
+                self._features, batch_size=per_replica_batch_size)
         if incoming is not None:
-            self._check_output_shapes(incoming)
-            self._update_output_shapes(incoming)
-        for path, shape in zip(self._paths, self._output_shapes):
-            if shape.rank is None or not shape.is_fully_defined():
+            self._features = layout_lib.merge_output_shapes(self._features, incoming)
+        for f in self._features:
+            if not f.fully_defined:
                 raise ValueError(
-                    f"Input Feature {path} has output shape set as {shape} which is not "
-                    "fully defined. Please specify the fully defined shape in either "
-                    "FeatureConfig or for the build method.")
+                    f"Input Feature {f.path} has output shape set as "
+                    f"{tf.TensorShape(f.output_shape)} which is not fully defined. Please "
+                    "specify the fully defined shape in either FeatureConfig or for the "
+                    "build method.")
         with tf.init_scope():
             system = _tpu_system(self._strategy)
             # One TPU embedding per (stand-in) TPU system: its engine.
@@ -320,9 +315,8 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                 self._layout = dataclasses.replace(layout_lib.Layout.for_features(
                     self._config, [t.name for t in self._table_config],
                     [t.dim for t in self._table_config],
-                    [(path, self._table_config.index(f.table), shape.as_list())
-                     for path, f, shape in zip(self._paths, self._flat_features,
-                                               self._output_shapes)],
+                    [(f.path, self._table_config.index(f.config.table), f.output_shape)
+                     for f in self._features],
                     len(self._dynamic_inputs)), engine=self._backend.engine)
                 self._ensure_variables()
                 self._ensure_step_variable()
@@ -347,10 +341,7 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         self._backend = backend_factory.create(
             self._config, owner=self, combiners=self._combiners, engine=engine,
             cluster=self._cluster, replica_offset=self._worker * self._num_replicas,
-            features=[backend_factory.Feature(path, shape.as_list(), f.table.vocabulary_size,
-                                              f.table.combiner)
-                      for path, f, shape in zip(self._paths, self._flat_features,
-                                                self._output_shapes)])
+            features=self._features)
         # Collected without shutdown: the backend lets go without ops.
         self._abandon = weakref.finalize(self, self._backend.abandon)
         if self._worker == 0:
@@ -363,38 +354,6 @@ class TPUEmbedding(autotrackable.AutoTrackable):
             self._abandon.detach()
             self._backend.shutdown()
 
-    def _output_shapes_from_input_shapes(self, input_shapes):
-        out = []
-        for shape, feature in zip(input_shapes, self._flat_features):
-            if shape.rank is None or shape.rank < 1:
-                raise ValueError("Received input tensor of shape {}. Rank must be 1 and above"
-                                 .format(shape))
-            out.append(tf.TensorShape(layout_lib.output_shape(feature, shape.as_list())))
-        return out
-
-    def _output_shapes_from_batch_size(self, batch_size):
-        return [tf.TensorShape([batch_size, f.max_sequence_length])
-                if not f.output_shape and f.max_sequence_length > 0
-                else tf.TensorShape([batch_size]) for f in self._flat_features]
-
-    def _check_output_shapes(self, incoming):
-        """TF's check of incoming output shapes against those already set."""
-        for path, old, new in zip(self._paths, self._output_shapes, incoming):
-            if not old.rank or not new.rank:
-                continue
-            if new.rank in (1, 2) and old.rank > new.rank:
-                continue  # ragged / sequence shapes are checked by the engine
-            if old.rank != new.rank or any(a and b and a != b
-                                           for a, b in zip(old.as_list(), new.as_list())):
-                raise ValueError(
-                    f"Inconsistent shape founded for input feature {path}, Output shape is "
-                    f"set to be {old}, But got incoming output shape {new}")
-
-    def _update_output_shapes(self, incoming):
-        # Shapes already set (FeatureConfig.output_shape, build) win.
-        self._output_shapes = [old if old.rank else new
-                               for old, new in zip(self._output_shapes, incoming)]
-
     def _create_config_proto(self):
         config = config_pb2.TPUEmbeddingConfiguration()
         for table in self._table_config:
@@ -402,12 +361,11 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                 table, optimizer=self._optimizer_of(table),
                 learning_rate_index=self._dynamic_inputs,
                 table_descriptor=config.table_descriptor.add())
-        for path, feature, shape in zip(self._paths, self._flat_features, self._output_shapes):
+        for f in self._features:
             # The engine names a feature in its errors by the descriptor's
             # name: the user's key path ("user/friends").
-            config.feature_descriptor.add(
-                table_id=self._table_config.index(feature.table),
-                input_shape=shape.as_list(), name=path)
+            config.feature_descriptor.add(table_id=self._table_config.index(f.config.table),
+                                          input_shape=f.output_shape, name=f.path)
         config.mode = config_pb2.TPUEmbeddingConfiguration.TRAINING
         config.num_hosts = 1 if self._cluster is None else self._cluster.num_hosts
         config.num_tensor_cores = self._engine_replicas
@@ -424,7 +382,8 @@ class TPUEmbedding(autotrackable.AutoTrackable):
             owner = weakref.ref(self)
             self._variables = host_variables.create_table_variables(
                 self, self._table_config, self._optimizer_of,
-                lambda t: owner() is not None and owner()._restored(t))  # pylint: disable=protected-access
+                # pylint: disable-next=protected-access
+                lambda t: owner() is not None and owner()._restored(t))
 
     def _ensure_step_variable(self):
         """bfloat16 storage: the checkpointed step count
@@ -434,7 +393,8 @@ class TPUEmbedding(autotrackable.AutoTrackable):
             return
         owner = weakref.ref(self)
         self._step_variable = data_structures.NoDependency(host_variables.create_step_variable(
-            self, lambda: owner() is not None and owner()._restored(STEP_VARIABLE)))  # pylint: disable=protected-access
+            # pylint: disable-next=protected-access
+            self, lambda: owner() is not None and owner()._restored(STEP_VARIABLE)))
 
     @staticmethod
     def _optimizer_of(table):
@@ -547,13 +507,14 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         an enqueue inside a TPU replica function.
         """
         structure.assert_same_structure(self._feature_config, features, "enqueue(features)")
-        flat_weights = [None] * len(self._flat_features)
+        flat_weights = [None] * len(self._features)
         if weights is not None:
             structure.assert_same_structure(self._feature_config, weights, "enqueue(weights)")
             flat_weights = nest.flatten(weights)
         flat_inputs = nest.flatten(features)
         # Inside strategy.run of a (non-default) strategy: a replica context.
-        in_replica_fn = tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context()
+        in_replica_fn = (tf.distribute.has_strategy()
+                         and not tf.distribute.in_cross_replica_context())
         distributed = any(isinstance(x, tf.distribute.DistributedValues) for x in flat_inputs)
         # Plain inputs outside strategy.run with several replicas go to every
         # replica, as TF's enqueue does (distribute_utils.select_replica).
@@ -582,58 +543,27 @@ class TPUEmbedding(autotrackable.AutoTrackable):
             self._enqueue_op(flat_inputs, flat_weights, training, ordinal, name)
             return None
         if device is not None:
-            replica = self._replica_of_device(device)
-            with tf.device(self._replica_devices()[replica]):
+            replica = enqueue_inputs.replica_of_device(self._strategy, device)
+            with tf.device(enqueue_inputs.replica_devices(self._strategy)[replica]):
                 self._enqueue_op(flat_inputs, flat_weights, training, replica, name)
             return None
         self._enqueue_op(flat_inputs, flat_weights, training, 0, name)
         return None
 
-    def _replica_of_device(self, device):
-        """The replica ``enqueue(device=...)`` feeds.  TF maps a TPU device to
-        its index (``/device:TPU:k`` -> queue k); here a replica is a CPU
-        device, so one of the strategy's worker devices (or ``/CPU:k`` /
-        ``/TPU:k`` with k < replicas, for code written for a TPU) picks
-        replica k."""
-        spec = tf.DeviceSpec.from_string(device)
-        if spec.device_type not in ("CPU", "TPU"):
-            raise ValueError("Non-TPU device {} passed to enqueue.".format(device))
-        for k, worker in enumerate(self._replica_devices()):
-            worker = tf.DeviceSpec.from_string(worker)
-            if spec.device_type == "CPU" and worker.make_merged_spec(spec) == worker:
-                return k
-        index = spec.device_index or 0
-        if spec.device_type == "CPU" or not 0 <= index < self._num_replicas:
-            raise ValueError(
-                "enqueue(device={!r}): device index {} is not a replica of this "
-                "strategy ({} replica(s): {})".format(
-                    device, index, self._num_replicas,
-                    list(self._replica_devices())))
-        return index
-
-    def _replica_devices(self):
-        """The device of each replica (the default strategy has no
-        ``worker_devices``: its one replica is the host CPU)."""
-        try:
-            return tuple(self._strategy.extended.worker_devices)
-        except RuntimeError:
-            return ("/job:localhost/replica:0/task:0/device:CPU:0",)
-
     def _maybe_build(self, flat_inputs):
-        shapes = []
-        for path, x, feature in zip(self._paths, flat_inputs, self._flat_features):
-            shapes.append(enqueue_inputs.input_shape(path, x, feature))
-        incoming = self._output_shapes_from_input_shapes(shapes)
+        incoming = layout_lib.incoming_output_shapes(self._features, [
+            enqueue_inputs.input_shape(f.path, x, f.config)
+            for f, x in zip(self._features, flat_inputs)])
         with self._lock:
             self._check_not_shut_down("enqueue")
-            self._check_output_shapes(incoming)
+            merged = layout_lib.merge_output_shapes(self._features, incoming)
             if not self._built:
-                self._update_output_shapes(incoming)
+                self._features = merged
                 self._build(None, None, False)
 
     def _enqueue_op(self, flat_inputs, flat_weights, training, device_ordinal, name):
         indices, values, weights = enqueue_inputs.arbitrary_tensor_batch(
-            self._paths, self._flat_features, flat_inputs, flat_weights)
+            self._features, flat_inputs, flat_weights)
         mode = enqueue_inputs.mode_of(training)
         with self._backend.errors():
             return self._backend.enqueue(indices, values, weights, mode,
@@ -661,7 +591,7 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         feature config's structure (each ``output_shape + [dim]``)."""
         self._require_built("dequeue")
         with self._backend.errors():
-            outputs = self._backend.recv(len(self._flat_features),
+            outputs = self._backend.recv(len(self._features),
                                          self._backend.replica(self._replica_id()), name=name)
         return nest.pack_sequence_as(self._feature_config, outputs)
 
@@ -678,19 +608,8 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                 "variables). Pass an optimizer to train.".format(no_optimizer))
         structure.assert_same_structure(self._feature_config, gradients,
                                         "apply_gradients(gradients)")
-        updated = []
-        for (path, gradient), feature in zip(nest.flatten_with_joined_string_paths(gradients),
-                                             self._layout.features):
-            full_shape = list(feature.shape)
-            if gradient is not None and not isinstance(gradient, tf.Tensor):
-                raise ValueError(f"found non-tensor type: {type(gradient)} at path {path}.")
-            if gradient is None:
-                send_lib.warn_missing_gradient(path, logger=_logger)
-                gradient = tf.zeros(full_shape, tf.float32)
-            elif gradient.shape != full_shape:
-                raise ValueError("Found gradient of shape {} at path {}. Expected shape {}."
-                                 .format(gradient.shape, path, full_shape))
-            updated.append(gradient)
+        updated = send_lib.mid_level_gradients(
+            self._layout, nest.flatten_with_joined_string_paths(gradients), logger=_logger)
         rates = [fn() for fn in self._dynamic_inputs]
         with self._backend.errors():
             return self._backend.send(self._layout, updated, rates,
@@ -739,7 +658,8 @@ class TPUEmbedding(autotrackable.AutoTrackable):
 
 def _save_callback(trackables, **unused_kwargs):
     for trackable in trackables.values():
-        if isinstance(trackable, TPUEmbedding) and trackable._built:  # pylint: disable=protected-access
+        # pylint: disable-next=protected-access
+        if isinstance(trackable, TPUEmbedding) and trackable._built:
             trackable._retrieve_variables()  # pylint: disable=protected-access
     return []
 

@@ -551,12 +551,14 @@ def table_descriptor_for(table_config, table_name=None, optimizer=None,
         optimizer._set_optimization_parameters(  # pylint: disable=protected-access
             params, learning_rate_index=learning_rate_index)
     else:
-        fix_tf_optimizer(optimizer)._set_optimization_parameters(params)  # pylint: disable=protected-access
+        fixed = fix_tf_optimizer(optimizer)
+        fixed._set_optimization_parameters(params)  # pylint: disable=protected-access
     if params.WhichOneof("parameters") is None:
         raise ValueError("%s sets no optimization algorithm (table %r); it cannot run "
                          "on the TPU embedding engine." % (type(optimizer).__name__, name))
     if table_config.quantization_config:
-        table_config.quantization_config._set_optimization_parameters(params)  # pylint: disable=protected-access
+        quantization = table_config.quantization_config
+        quantization._set_optimization_parameters(params)  # pylint: disable=protected-access
     return td
 
 

@@ -7,8 +7,9 @@ collector of :func:`tf_tpu_emb.gradients.hook_step` (the Keras
 :meth:`tf_tpu_emb.TPUEmbedding.apply_gradients`.  :func:`build_send` turns
 per-feature gradients (in :class:`tf_tpu_emb.layout.Layout` order) into the
 Send's Recv-shaped inputs, checks the dynamic learning rates, and orders the
-Send after what it answers; :func:`warn_missing_gradient` is the one warning
-for a lookup that got no gradient.
+Send after what it answers; :func:`mid_level_gradients` applies TF's
+mid-level rules to ``apply_gradients``' input; :func:`warn_missing_gradient`
+is the one warning for a lookup that got no gradient.
 
 Ordering: nothing orders a Send after its Recv when the gradients do not
 depend on the activations (a loss linear in them).  A TF1 graph has no
@@ -72,6 +73,26 @@ def as_gradient(feature, gradient):
         raise ValueError("Found gradient of shape %s for feature '%s'. Expected shape %s."
                          % (gradient.shape, feature.name, list(feature.shape)))
     return gradient
+
+
+def mid_level_gradients(layout, path_gradients, logger=None):
+    """TF's mid-level ``apply_gradients`` rules for ``(path, gradient)``
+    pairs in ``layout.features`` order: a ``tf.Tensor`` of the feature's
+    activation shape each, or ``None`` (zeros, with the missing-gradient
+    warning on ``logger``); anything else is TF's ``ValueError``."""
+    out = []
+    for (path, gradient), feature in zip(path_gradients, layout.features):
+        full_shape = list(feature.shape)
+        if gradient is not None and not isinstance(gradient, tf.Tensor):
+            raise ValueError(f"found non-tensor type: {type(gradient)} at path {path}.")
+        if gradient is None:
+            warn_missing_gradient(path, logger=logger)
+            gradient = tf.zeros(full_shape, tf.float32)
+        elif gradient.shape != full_shape:
+            raise ValueError("Found gradient of shape {} at path {}. Expected shape {}."
+                             .format(gradient.shape, path, full_shape))
+        out.append(gradient)
+    return out
 
 
 def learning_rates_for(layout, learning_rates):

@@ -78,7 +78,8 @@ def _graph_defs(obj):
     if hasattr(obj, "graph") and hasattr(obj, "structured_input_signature"):  # concrete fn
         return [obj.graph.as_graph_def()]
     if hasattr(obj, "get_concrete_function"):  # tf.function: all traced variants
-        fns = obj._list_all_concrete_functions_for_serialization()  # pylint: disable=protected-access
+        # pylint: disable-next=protected-access
+        fns = obj._list_all_concrete_functions_for_serialization()
         return [f.graph.as_graph_def() for f in fns]
     raise TypeError("Expected a ConcreteFunction, tf.function, tf.Graph, GraphDef or "
                     "SavedModel path, got %r" % (obj,))

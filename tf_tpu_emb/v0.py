@@ -153,7 +153,8 @@ class TPUEmbeddingV0(tpu_embedding_base.TPUEmbeddingBase):
 
         slots = {}
         if table.optimizer is not None:
-            slots = table.optimizer._create_slots(parameters, slot_creator)  # pylint: disable=protected-access
+            create = table.optimizer._create_slots  # pylint: disable=protected-access
+            slots = create(parameters, slot_creator)
         slots["parameters"] = parameters
         return slots
 
@@ -377,7 +378,8 @@ def keras_slot_variable_creation_fn(keras_optimizer, slot_names=None):
         original = keras_optimizer.add_variable_from_reference
 
         def add_variable_from_reference(reference_variable, name=None, initializer="zeros"):
-            key = (keras_optimizer._var_key(reference_variable), name)  # pylint: disable=protected-access
+            key = (keras_optimizer._var_key(reference_variable),  # pylint: disable=protected-access
+                   name)
             if key in created:
                 return created[key]
             return original(reference_variable, name=name, initializer=initializer)
@@ -397,7 +399,8 @@ def keras_slot_variable_creation_fn(keras_optimizer, slot_names=None):
         for slot, initializer in zip(slot_names_, slot_initializers):
             keras_name = names.get(slot, slot)
             variable = original(table, name=keras_name, initializer=initializer)
-            created[(keras_optimizer._var_key(table), keras_name)] = variable  # pylint: disable=protected-access
+            key = keras_optimizer._var_key(table)  # pylint: disable=protected-access
+            created[(key, keras_name)] = variable
             slots[slot] = variable
         return slots
 

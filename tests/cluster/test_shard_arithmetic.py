@@ -15,6 +15,7 @@ from tensorflow.core.protobuf.tpu import tpu_embedding_configuration_pb2 as pb
 
 from tf_tpu_emb import sharding
 from tf_tpu_emb.cluster import routing
+from tf_tpu_emb.features import Feature
 
 HEADER_WORDS, OUTPUT_WORDS = 8, 4  # engine/routing.h, namespace packed
 WEIGHTS, SCALES, IDS64 = 1, 2, 4
@@ -46,8 +47,7 @@ def route(ids, vocab, num_hosts, strategy, form):
     t.optimization_parameters.adagrad.SetInParent()
     t.optimization_parameters.learning_rate.constant = 0.1
     c.feature_descriptor.add(name="f", table_id=0, input_shape=[len(ids)])
-    router = routing.Router(c.SerializeToString(), [routing.FeatureRoute("f", [len(ids)], vocab,
-                                                                         "sum")],
+    router = routing.Router(c.SerializeToString(), [Feature("f", [len(ids)], vocab, "sum")],
                             num_hosts, form=form)
     try:
         batches, _, _ = router.route([tf.zeros([0], tf.int32)], [tf.constant(ids, tf.int64)],

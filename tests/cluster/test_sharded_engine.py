@@ -26,6 +26,7 @@ import tensorflow as tf
 import engine_util as eu
 from tf_tpu_emb import ops
 from tf_tpu_emb.cluster import routing
+from tf_tpu_emb.features import Feature
 
 pytestmark = pytest.mark.system  # child processes, servers or compilers
 
@@ -82,9 +83,9 @@ def make_inputs(rng, weighted, vocab=(11, 7)):
 
 
 def make_router(config, combiners, form="auto"):
-    features = [routing.FeatureRoute(f.name, f.input_shape,
-                                     config.table_descriptor[f.table_id].vocabulary_size,
-                                     combiners[f.table_id])
+    features = [Feature(f.name, f.input_shape,
+                        config.table_descriptor[f.table_id].vocabulary_size,
+                        combiners[f.table_id])
                 for f in config.feature_descriptor]
     return routing.Router(config.SerializeToString(), features, config.num_hosts, form=form)
 

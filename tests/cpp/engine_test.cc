@@ -15,9 +15,10 @@
 
 #include "engine/engine.h"
 #include "engine/input_mappers.h"
+#include "engine/routed_mapper.h"
+#include "engine/routing.h"
 #include "engine/step_barrier.h"
 #include "engine/table.h"
-#include "engine/routing.h"
 #include "tests/cpp/unit.h"
 
 namespace tf_tpu_emb {

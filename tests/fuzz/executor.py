@@ -21,7 +21,8 @@ import time
 import numpy as np
 import tensorflow as tf
 
-import families
+import fuzz_configs
+import fuzz_inputs
 from tf_tpu_emb import ops as tte_ops
 from tf_tpu_emb.optimizers import BY_PROTO_FIELD
 
@@ -45,7 +46,7 @@ class Skip(Exception):
 
 
 def _config_proto(data):
-    c = families._pb().TPUEmbeddingConfiguration()
+    c = fuzz_configs.config_protos().TPUEmbeddingConfiguration()
     c.ParseFromString(data)
     return c
 
@@ -233,7 +234,7 @@ class Executor:
         """Traces Recv / Send / LoadAll graphs with `config` as their attr, which
         runs the ops' shape functions on it."""
         try:
-            n = max(1, len(families.outputs_of(_config_proto(config))))
+            n = max(1, len(fuzz_configs.outputs_of(_config_proto(config))))
         except Exception:
             n = 1
         n = min(n, 64)
@@ -278,7 +279,7 @@ class Executor:
             op = self.table_op("Load", field)
             shape = (d.vocabulary_size, d.dimension)
             tensors = {"parameters": rng.standard_normal(shape).astype(np.float32)}
-            for s in families.slots_of(field):
+            for s in fuzz_configs.slots_of(field):
                 tensors[s] = rng.uniform(0.1, 2.0, shape).astype(np.float32)
             op(num_shards=1, shard_id=0, table_id=t, **tensors)
         if record:
@@ -318,7 +319,7 @@ class Executor:
     def op_recv(self, replica, config=None):
         cfg = config if config is not None else (self.config_bytes or b"")
         try:
-            n = len(families.outputs_of(_config_proto(cfg)))
+            n = len(fuzz_configs.outputs_of(_config_proto(cfg)))
         except Exception:
             n = 1
         try:
@@ -333,7 +334,7 @@ class Executor:
                           % replica)
         training = self.queues[replica].pop(0)
         self.in_flight[replica] = training
-        for o, ((t, shape), out) in enumerate(zip(families.outputs_of(self.config), outs)):
+        for o, ((t, shape), out) in enumerate(zip(fuzz_configs.outputs_of(self.config), outs)):
             want = tuple(shape) + (self.config.table_descriptor[t].dimension,)
             if tuple(out.shape) != want:
                 raise Finding("corruption", "Recv output %d has shape %s, expected %s"
@@ -366,10 +367,10 @@ class Executor:
     def _valid_send(self, grads, rates):
         """Send's arguments pass its validation (which aborts the step when
         they do not); a valid Send can still fail for want of a batch."""
-        outs = families.outputs_of(self.config)
+        outs = fuzz_configs.outputs_of(self.config)
         shapes = [tuple(s) + (self.config.table_descriptor[t].dimension,) for t, s in outs]
         return (len(grads) == len(shapes) and all(g.shape == s for g, s in zip(grads, shapes))
-                and len(rates) == families.num_dynamic(self.config)
+                and len(rates) == fuzz_configs.num_dynamic(self.config)
                 and all(np.asarray(r).size == 1 for r in rates))
 
     def op_drain(self):
@@ -401,7 +402,7 @@ class Executor:
             try:
                 with tf.device("/CPU:%d" % r):
                     tte_ops.recv_tpu_embedding_activations(
-                        num_outputs=len(families.outputs_of(self.config)), config=self.config_bytes)
+                        num_outputs=len(fuzz_configs.outputs_of(self.config)), config=self.config_bytes)
                 raise Finding("corruption", "replica %d: the queue holds more batches than "
                               "were accepted" % r)
             except tf.errors.DeadlineExceededError as e:  # the wait for a batch timed out
@@ -440,7 +441,7 @@ class Executor:
         rows = self._rows(t if t is not None else 0, num_shards, shard_id)
         shape = (max(0, (len(rows) if rows is not None else 1) + shape_delta[0]),
                  max(0, d.dimension + shape_delta[1]))
-        names = ("parameters",) + families.slots_of(optimizer)
+        names = ("parameters",) + fuzz_configs.slots_of(optimizer)
         tensors = {n: rng.standard_normal(shape).astype(np.float32) for n in names}
         sel = {"table_name": table_name} if table_name is not None else {"table_id": table_id}
         self.table_op("Load", optimizer)(num_shards=num_shards, shard_id=shard_id, **sel, **tensors)
@@ -475,7 +476,7 @@ class Executor:
         for t in range(num_tables):
             d = tables[t % len(tables)]
             field = d.optimization_parameters.WhichOneof("parameters")
-            used = 1 + len(families.slots_of(field))
+            used = 1 + len(fuzz_configs.slots_of(field))
             has_acc = self.snapshot is not None and used < NUM_GROUPS and \
                 self.snapshot[used][t % len(tables)].size > 0
             used += int(has_acc) + group_delta
@@ -526,10 +527,10 @@ class Executor:
             return
         rng = np.random.default_rng(0)
         try:  # the configured config may be a fuzzed one that cannot train
-            name, kw = families.valid_enqueue(rng, c, replica=0, mode="train")
+            name, kw = fuzz_inputs.valid_enqueue(rng, c, replica=0, mode="train")
             self.op_enqueue(name, kw)
             self.op_recv(0)
-            grads, rates, _ = families._gradients(rng, c)
+            grads, rates, _ = fuzz_inputs.send_gradients(rng, c)
             self.op_send(0, grads, rates)
             self.op_enqueue(name, kw)
         except (tf.errors.OpError, IndexError, ValueError):

@@ -54,7 +54,8 @@ def main():
             signal.signal(sig, signal.SIG_DFL)
     faulthandler.enable()
     import families
-    families.optimizer_templates()
+    import fuzz_configs
+    fuzz_configs.optimizer_templates()
     runner = executor.Executor()
     out.write(json.dumps({"ready": True}) + "\n")
     for line in sys.stdin:

@@ -22,6 +22,7 @@ from tensorflow.python.util import nest
 
 import tf_tpu_emb
 from tf_tpu_emb import engine_registry
+from tf_tpu_emb import layout as layout_lib
 from tf_tpu_emb import ops as emb_ops
 from tf_tpu_emb.keras import (TPUEmbeddingLayer, engine_owner, export_serving,
                               release_engine, stock_lookup)
@@ -536,8 +537,9 @@ def test_get_config_from_config_round_trip():
     for each in (layer, clone):
         each.build()
         emb = each.embedding
-        # pylint: disable-next=protected-access
-        emb._update_output_shapes(emb._output_shapes_from_batch_size(4))
+        features = emb._features  # pylint: disable=protected-access
+        emb._features = layout_lib.merge_output_shapes(  # pylint: disable=protected-access
+            features, layout_lib.incoming_output_shapes(features, batch_size=4))
         protos.append(emb._create_config_proto())  # pylint: disable=protected-access
     assert protos[0] == protos[1]
     assert len(protos[0].table_descriptor) == 4

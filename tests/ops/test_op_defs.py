@@ -18,6 +18,7 @@ from tensorflow.python.framework import op_def_library
 from tensorflow.python.framework import op_def_registry
 import tensorflow as tf
 
+import op_def_compare as odc
 import tf_features
 from tf_tpu_emb import ops as tte_ops
 from tf_tpu_emb.optimizers import BY_PROTO_FIELD, OPTIMIZERS
@@ -26,29 +27,10 @@ PREFIX = tte_ops.PREFIX
 
 pytestmark = [pytest.mark.tf_version, pytest.mark.usefixtures("lib")]
 
-ARG_FIELDS = ("name", "type", "type_attr", "number_attr", "type_list_attr", "is_ref")
-ATTR_FIELDS = ("name", "type", "has_minimum", "minimum")
-OP_FLAGS = ("is_stateful", "is_commutative", "is_aggregate", "allows_uninitialized_input")
-
-
-def _arg(arg):
-    return {f: getattr(arg, f) for f in ARG_FIELDS}
-
-
-def _attr(attr):
-    d = {f: getattr(attr, f) for f in ATTR_FIELDS}
-    d["default_value"] = (attr.default_value.SerializeToString(deterministic=True)
-                          if attr.HasField("default_value") else None)
-    d["allowed_values"] = (attr.allowed_values.SerializeToString(deterministic=True)
-                           if attr.HasField("allowed_values") else None)
-    return d
-
 
 def _op_defs(bare):
-    core = op_def_registry.get(bare)
-    ours = op_def_registry.get(PREFIX + bare)
+    core, ours = odc.registered(bare)
     assert core is not None, "TF 2.21 has no op %r" % bare
-    assert ours is not None, "tf_tpu_emb does not register %r" % (PREFIX + bare)
     return core, ours
 
 
@@ -62,13 +44,13 @@ def test_prefix():
 @pytest.mark.parametrize("bare", tte_ops.CORE_OP_NAMES)
 def test_inputs_match_core(bare):
     core, ours = _op_defs(bare)
-    assert [_arg(a) for a in ours.input_arg] == [_arg(a) for a in core.input_arg]
+    assert odc.args(ours.input_arg) == odc.args(core.input_arg)
 
 
 @pytest.mark.parametrize("bare", tte_ops.CORE_OP_NAMES)
 def test_outputs_match_core(bare):
     core, ours = _op_defs(bare)
-    assert [_arg(a) for a in ours.output_arg] == [_arg(a) for a in core.output_arg]
+    assert odc.args(ours.output_arg) == odc.args(core.output_arg)
 
 
 # The ops that address no engine; every other op of ours has one more attr
@@ -92,13 +74,13 @@ def test_attrs_match_core(bare):
     # In order: generated wrappers take the attrs positionally in this order.
     assert [a.name for a in ours_attrs] == [a.name for a in core.attr]
     for ours_attr, core_attr in zip(ours_attrs, core.attr):
-        assert _attr(ours_attr) == _attr(core_attr), (bare, core_attr.name)
+        assert odc.attr(ours_attr) == odc.attr(core_attr), (bare, core_attr.name)
 
 
 @pytest.mark.parametrize("bare", tte_ops.CORE_OP_NAMES)
 def test_flags_match_core(bare):
     core, ours = _op_defs(bare)
-    assert {f: getattr(ours, f) for f in OP_FLAGS} == {f: getattr(core, f) for f in OP_FLAGS}
+    assert odc.flags(ours) == odc.flags(core)
 
 
 def test_core_op_list_covers_tf_family():

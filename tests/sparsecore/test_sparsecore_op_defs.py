@@ -14,6 +14,7 @@ from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.framework import op_def_library
 from tensorflow.python.framework import op_def_registry
 
+import op_def_compare as odc
 import tf_features
 from tf_tpu_emb import ops as tte_ops
 
@@ -22,28 +23,11 @@ NAMES = tte_ops.SPARSECORE_OP_NAMES
 
 pytestmark = [pytest.mark.tf_version, pytest.mark.usefixtures("lib")]
 
-ARG_FIELDS = ("name", "type", "type_attr", "number_attr", "type_list_attr", "is_ref")
-ATTR_FIELDS = ("name", "type", "has_minimum", "minimum")
-OP_FLAGS = ("is_stateful", "is_commutative", "is_aggregate", "allows_uninitialized_input")
-
-
-def _arg(arg):
-    return {f: getattr(arg, f) for f in ARG_FIELDS}
-
-
-def _attr(attr):
-    d = {f: getattr(attr, f) for f in ATTR_FIELDS}
-    for f in ("default_value", "allowed_values"):
-        d[f] = getattr(attr, f).SerializeToString(deterministic=True) if attr.HasField(f) else None
-    return d
-
 
 def _defs(bare):
     """TF's op def and ours.  Ours are TF 2.21's: an older TF (the old-TF lane)
     may lack the op or define it with fewer attrs; there the test is skipped."""
-    core = op_def_registry.get(bare)
-    ours = op_def_registry.get(PREFIX + bare)
-    assert ours is not None, "tf_tpu_emb does not register %s" % (PREFIX + bare)
+    core, ours = odc.registered(bare)
     if core is None:
         pytest.skip("this TensorFlow has no op %s" % bare)
     if tf_features.TF_VERSION < (2, 21) and [a.name for a in core.attr] != [
@@ -62,12 +46,12 @@ def test_family_is_tf_2_21s_37_ops():
 @pytest.mark.parametrize("bare", NAMES)
 def test_op_def_matches_core(bare):
     core, ours = _defs(bare)
-    assert [_arg(a) for a in ours.input_arg] == [_arg(a) for a in core.input_arg]
-    assert [_arg(a) for a in ours.output_arg] == [_arg(a) for a in core.output_arg]
+    assert odc.args(ours.input_arg) == odc.args(core.input_arg)
+    assert odc.args(ours.output_arg) == odc.args(core.output_arg)
     # In order: generated wrappers take the attrs positionally.  No `engine`
     # attr: none of these ops addresses an engine.
-    assert [_attr(a) for a in ours.attr] == [_attr(a) for a in core.attr]
-    assert {f: getattr(ours, f) for f in OP_FLAGS} == {f: getattr(core, f) for f in OP_FLAGS}
+    assert [odc.attr(a) for a in ours.attr] == [odc.attr(a) for a in core.attr]
+    assert odc.flags(ours) == odc.flags(core)
 
 
 # ----------------------------------------------------------------- shapes

@@ -7,4 +7,4 @@ and `sharded` is the cross-host data path of one model.  The shard
 arithmetic (whole tables <-> S host shards) is `tf_tpu_emb.sharding`, outside
 this package: single-process users need it too and must not load this one."""
 from tf_tpu_emb.cluster.hosts import EmbeddingHosts  # noqa: F401
-from tf_tpu_emb.cluster.routing import FeatureRoute, Router  # noqa: F401
+from tf_tpu_emb.cluster.routing import Router  # noqa: F401

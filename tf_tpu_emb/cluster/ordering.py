@@ -23,9 +23,10 @@ after the Recvs before it, a Recv after the Enqueues before it, but a Send
 and the next step's Enqueue are unordered: the host enqueues step k+1's
 batch (already pulled from the worker) while step k's gradients travel, so a
 step's critical path crosses the network twice (activations out, gradients
-in), not three times (benchmarks/RESULTS.md, issue 31).  The engine's queue
-makes that order-free: a Recv takes the oldest batch, and the sequence a
-routed batch carries checks that worker and hosts agree (engine/routing.h).
+in), not three times (benchmarks/RESULTS.md, "the hosts as separate
+machines").  The engine's queue makes that order-free: a Recv takes the
+oldest batch, and the sequence a routed batch carries checks that worker and
+hosts agree (engine/routing.h).
 
 With ``pipeline_execution_with_tensor_core`` a host's engine looks one batch
 ahead (engine/engine.h ``lookahead_``): the Recv of step k+1 may run before
@@ -35,7 +36,8 @@ the previous Recv and the Enqueues before it) and its Sends another
 (``send=True``: each after the previous Send); every other op of the engine
 is ordered after both.  Step k+1's lookup and its activations' trip to the
 worker then overlap step k's gradients coming back; the engine keeps the
-lookup after next waiting for the Send (benchmarks/RESULTS.md, issue 31).
+lookup after next waiting for the Send (benchmarks/RESULTS.md, "the hosts as
+separate machines").
 
 Where the hook is missing, :func:`per_host` does nothing and the step stays
 correct, only serial.

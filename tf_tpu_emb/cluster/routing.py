@@ -34,19 +34,6 @@ COMBINERS = ("sum", "mean", "sqrtn")
 _NAMES = itertools.count()
 
 
-class FeatureRoute:
-    """What routing needs to know of one feature (one Recv output)."""
-
-    def __init__(self, name, output_shape, vocabulary_size, combiner):
-        if combiner not in COMBINERS:
-            raise ValueError("feature {}: combiner {!r} is not one of {}"
-                             .format(name, combiner, COMBINERS))
-        self.name = name
-        self.shape = [int(d) for d in output_shape]
-        self.vocabulary_size = int(vocabulary_size)
-        self.combiner = combiner
-
-
 def _shutdown(name):
     try:
         with tf.init_scope():  # eagerly, even when collected while a function is traced
@@ -59,8 +46,9 @@ class Router:
     """The router of one sharded model in this (worker) process.
 
     ``config``: the serialized ``TPUEmbeddingConfiguration`` (its
-    ``num_hosts`` = S); ``features``: one :class:`FeatureRoute` per feature
-    descriptor (their combiners); ``name``: the router's name in this process
+    ``num_hosts`` = S); ``features``: one :class:`tf_tpu_emb.features.Feature`
+    per feature descriptor (their combiners, each one of :data:`COMBINERS`);
+    ``name``: the router's name in this process
     (its ops' attr); ``form``: "auto" (the library's), or for
     tests and benchmarks "bags", "rows" or "host_filter" (every host gets the
     whole batch and keeps its own ids: the alternative design
@@ -72,8 +60,12 @@ class Router:
     def __init__(self, config, features, num_hosts, form="auto", name=None):
         if form not in self.FORMS:
             raise ValueError("form must be one of %s, got %r" % (self.FORMS, form))
-        self.config = config
         self.features = list(features)
+        for f in self.features:
+            if f.combiner not in COMBINERS:
+                raise ValueError("feature {}: combiner {!r} is not one of {}"
+                                 .format(f.path, f.combiner, COMBINERS))
+        self.config = config
         self.num_hosts = int(num_hosts)
         self.form = form
         # The router's name is an attr of its ops: ShardedEngine names it after

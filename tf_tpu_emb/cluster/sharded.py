@@ -68,7 +68,7 @@ class ShardedEngine(backend.Backend):
 
     ``config``: the serialized ``TPUEmbeddingConfiguration`` (its
     ``num_hosts`` = ``hosts.num_hosts``); ``features``: one
-    :class:`~tf_tpu_emb.cluster.routing.FeatureRoute` per feature descriptor;
+    :class:`~tf_tpu_emb.features.Feature` per feature descriptor;
     ``replica_offset``: the engine replica of this worker's replica 0
     (``worker index * replicas per worker``); ``owner``: the
     ``TPUEmbedding``, whose pooled engine name (``engine_registry``, prefixed
@@ -324,7 +324,8 @@ class ShardedEngine(backend.Backend):
         host its part."""
         inputs = layout_lib.send_inputs(layout, gradients)
         rates = send_lib.learning_rates_for(layout, learning_rates)
-        with tf.control_dependencies(send_lib._control_ops(control_inputs)):  # pylint: disable=protected-access
+        after = send_lib._control_ops(control_inputs)  # pylint: disable=protected-access
+        with tf.control_dependencies(after):
             parts = ordering.per_host(self.router.split(inputs, rates, replica, name=name),
                                       WORKER)
         sends = []

@@ -23,14 +23,15 @@ this library's CPU engine, then served from a stock-op SavedModel.
   dense weights -> ``embedding.apply_gradients`` (the engine updates the
   tables) + the Keras optimizer.  A progress bar shows the running loss, the
   last held-out AUC and examples/s.
-* **Outputs** (``--out``, default ``out/demo``, ``out/demo-quick`` with ``--quick``): ``loss_auc.png`` (loss and
-  held-out AUC over steps), ``metrics.json``, ``checkpoint/`` (a
-  ``tf.train.Checkpoint`` of the embedding -- in TF's TPU-embedding layout --,
-  the MLPs and the optimizer) and ``saved_model/`` (stock TF ops only: the
-  tables copied by ``tf_tpu_emb.export_serving``, the MLPs; raw ids + dense
-  features -> click probability).  Finally a fresh Python process that imports
-  only TensorFlow and numpy loads the SavedModel and scores a few held-out
-  examples (``serving_scores.json``).
+* **Outputs** (``--out``, default ``out/demo``, ``out/demo-quick`` with
+  ``--quick``): ``loss_auc.png`` (loss and held-out AUC over steps),
+  ``metrics.json``, ``checkpoint/`` (a ``tf.train.Checkpoint`` of the
+  embedding -- in TF's TPU-embedding layout --, the MLPs and the optimizer)
+  and ``saved_model/`` (stock TF ops only: the tables copied by
+  ``tf_tpu_emb.export_serving``, the MLPs; raw ids + dense features -> click
+  probability).  Finally a fresh Python process that imports only TensorFlow
+  and numpy loads the SavedModel and scores a few held-out examples
+  (``serving_scores.json``).
 
 * **Parquet** (``tf_tpu_emb.data.parquet``): ``--write-parquet PATH`` writes
   the training log the run would generate (``--steps`` x ``--batch-size``

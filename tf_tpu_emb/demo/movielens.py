@@ -20,15 +20,16 @@ RMSE and MAE of the held-out fold, next to a baseline fitted in the same run
   usual per-rating regularisation of matrix factorisation), summed over the
   batch.  Hyperparameters were chosen with ``--validate`` (scores on 10% of
   each training part), not on the test folds.
-* **Outputs** (``--out``, default ``out/movielens``, ``out/movielens-quick`` with ``--quick``): ``metrics.json`` (per
-  fold RMSE/MAE of the model and the baseline, per-epoch curves, means and
-  standard deviations, seed, run time, configuration), ``cv.png`` and
-  ``saved_model/`` (stock TF ops only; the last fold's model): raw
-  ``user_id`` and ``movie_id`` (int64, MovieLens ids) -> ``rating`` (clipped to
-  1..5) and ``score`` (unclipped); the side features of every user and movie
-  are constants of the model, unknown ids use the tables' "unknown" row.  A
-  fresh process that imports only TensorFlow scores the last fold's held-out
-  pairs with it and must reproduce the in-process predictions.
+* **Outputs** (``--out``, default ``out/movielens``, ``out/movielens-quick``
+  with ``--quick``): ``metrics.json`` (per fold RMSE/MAE of the model and the
+  baseline, per-epoch curves, means and standard deviations, seed, run time,
+  configuration), ``cv.png`` and ``saved_model/`` (stock TF ops only; the
+  last fold's model): raw ``user_id`` and ``movie_id`` (int64, MovieLens
+  ids) -> ``rating`` (clipped to 1..5) and ``score`` (unclipped); the side
+  features of every user and movie are constants of the model, unknown ids
+  use the tables' "unknown" row.  A fresh process that imports only
+  TensorFlow scores the last fold's held-out pairs with it and must reproduce
+  the in-process predictions.
 
     python -m tf_tpu_emb.demo --data movielens-100k           # the full 5-fold run
     python -m tf_tpu_emb.demo --data movielens-100k --quick   # one fold, one epoch, a slice
@@ -146,7 +147,8 @@ class Fold:
     def __init__(self, args, data, ids, train):
         self.args, self.ids = args, ids
         features = self.features = args.features
-        self.bags = {"genres": mld.ragged_rows(data.movie_genres), "rated": mld.rated_movies(data, train)}
+        self.bags = {"genres": mld.ragged_rows(data.movie_genres),
+                     "rated": mld.rated_movies(data, train)}
         self.embedding = tf_tpu_emb.TPUEmbedding(
             feature_config(features, data, args.dim, args.init_std),
             E.Adagrad(learning_rate=args.embedding_lr))

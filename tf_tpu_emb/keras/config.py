@@ -99,7 +99,8 @@ def _optimizer_class(name, module):
         except KeyError:
             raise ValueError("Unknown tf_tpu_emb optimizer class %r." % name) from None
     cls = getattr(tf.tpu.experimental.embedding, name, None)
-    if cls is None or not (isinstance(cls, type) and issubclass(cls, v2_utils._Optimizer)):  # pylint: disable=protected-access
+    base = v2_utils._Optimizer  # pylint: disable=protected-access
+    if cls is None or not (isinstance(cls, type) and issubclass(cls, base)):
         raise ValueError("Unknown tf.tpu.experimental.embedding optimizer class %r." % name)
     return cls
 

@@ -64,7 +64,8 @@ def install_distributed_fit_fix():
                     self, functools.partial(original, self), iterator, data_batch)
             return original(self, iterator=iterator, data_batch=data_batch)
 
-        keras.Model._maybe_symbolic_build = _maybe_symbolic_build  # pylint: disable=protected-access
+        # pylint: disable-next=protected-access
+        keras.Model._maybe_symbolic_build = _maybe_symbolic_build
         _auto_fix_installed = True
 
 
@@ -104,8 +105,8 @@ def _composite_aware_build(model, original, iterator, data_batch):
         loss = model._compile_loss  # pylint: disable=protected-access
         metrics_unbuilt = metrics is not None and not metrics.built
         loss_unbuilt = loss is not None and not loss.built
-        if (metrics_unbuilt or loss_unbuilt
-                or not all(layer.built for layer in model._flatten_layers())):  # pylint: disable=protected-access
+        layers = model._flatten_layers()  # pylint: disable=protected-access
+        if metrics_unbuilt or loss_unbuilt or not all(layer.built for layer in layers):
             y_pred = tf.nest.map_structure(spec, model(x, training=False))
             y, sample_weight = (tf.nest.map_structure(spec, y),
                                 tf.nest.map_structure(spec, sample_weight))
@@ -113,7 +114,8 @@ def _composite_aware_build(model, original, iterator, data_batch):
                 keras_backend.compute_output_spec(model.compute_metrics, None, y, y_pred,
                                                   sample_weight=sample_weight)
             if loss_unbuilt:
-                keras_backend.compute_output_spec(model._compute_loss, None, y, y_pred,  # pylint: disable=protected-access
+                compute_loss = model._compute_loss  # pylint: disable=protected-access
+                keras_backend.compute_output_spec(compute_loss, None, y, y_pred,
                                                   sample_weight=sample_weight,
                                                   training=False)
         if model.optimizer is not None and not model.optimizer.built:

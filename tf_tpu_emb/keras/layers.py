@@ -41,10 +41,11 @@ features and dequeues their activations (one step of the engine):
   symbolic build averages the first batch across replicas and fails before
   any layer runs): the layer's constructor installs
   :func:`tf_tpu_emb.keras.fix_distributed_fit` for every model that contains
-  a tf_tpu_emb layer (``distributed_fit.install_distributed_fit_fix``).  Outside ``strategy.run`` (a direct ``model(x)``
-  under a multi-replica strategy) there is no engine queue to feed: inference
-  calls there look up the layer's (engine-refreshed) weights with stock ops,
-  training calls raise.
+  a tf_tpu_emb layer (``distributed_fit.install_distributed_fit_fix``).
+  Outside ``strategy.run`` (a direct ``model(x)`` under a multi-replica
+  strategy) there is no engine queue to feed: inference calls there look up
+  the layer's (engine-refreshed) weights with stock ops, training calls
+  raise.
 * **An engine per layer** (README "Several engines per process").  The
   layer's engine is configured lazily, by the first call that runs (not by
   building or loading a model), and released by
@@ -286,7 +287,8 @@ class TPUEmbeddingLayer(keras.layers.Layer):
                 name="%s_dummy" % tname, shape=(1,), initializer="zeros", dtype="float32",
                 trainable=True))
             opt = table.optimizer
-            inits = dict(zip(opt._slot_names(), opt._slot_initializers()))  # pylint: disable=protected-access
+            inits = dict(zip(opt._slot_names(),  # pylint: disable=protected-access
+                             opt._slot_initializers()))  # pylint: disable=protected-access
             names = st.embedding.table_state_names(table)
             mirrors = []
             for name in names:
@@ -324,7 +326,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
                 raise ValueError("batch_size %d is not divisible by the %d replicas."
                                  % (self._batch_size, replicas))
             return self._batch_size // replicas, replicas
-        static = next((b for b in (inputs_lib.static_batch(x) for x in flat_inputs) if b is not None),
+        static = next((b for b in map(inputs_lib.static_batch, flat_inputs) if b is not None),
                       None)
         in_replica = tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context()
         if static is not None and (in_replica or replicas == 1):

@@ -157,7 +157,8 @@ def _in_place_update(component, value):
             # TF's pipelining mark (pipeline_execution_with_tensor_core), which
             # the kernel reads (kernels/sparsecore/pipeline.h).
             if _PIPELINE_ATTR in op.node_def.attr:
-                update._set_attr(_PIPELINE_ATTR, op.node_def.attr[_PIPELINE_ATTR])  # pylint: disable=protected-access
+                mark = op.node_def.attr[_PIPELINE_ATTR]
+                update._set_attr(_PIPELINE_ATTR, mark)  # pylint: disable=protected-access
             done[op.name] = update
     return done[op.name]
 
@@ -240,7 +241,8 @@ class TPUEmbeddingV2(tpu_embedding_v3.TPUEmbeddingV2):
 
     def _variable_creator(self, next_creator, **kwargs):
         variable = super()._variable_creator(next_creator, **kwargs)
-        if type(variable) is tpu_embedding_v3.TPUEmbeddingShardedVariable:  # pylint: disable=unidiomatic-typecheck
+        sharded = tpu_embedding_v3.TPUEmbeddingShardedVariable
+        if type(variable) is sharded:  # pylint: disable=unidiomatic-typecheck
             variable.__class__ = TPUEmbeddingShardedVariable
         return variable
 

@@ -160,7 +160,8 @@ class _Extended(mirrored_strategy.MirroredExtended):
 
     def __init__(self, container, system, resolver):
         super().__init__(container, devices=list(system.devices))
-        self.tf_tpu_emb_system = system  # read by tf_tpu_emb.TPUEmbedding (one embedding per system)
+        # Read by tf_tpu_emb.TPUEmbedding (one embedding per system).
+        self.tf_tpu_emb_system = system
         self._tpu_cluster_resolver = resolver
         self._device_assignment = None   # no model parallelism: one logical device per replica
 
@@ -348,7 +349,8 @@ class TPUStrategy(tpu_strategy.TPUStrategyV2, tpu_strategy.TPUStrategy):
         for k, v in self.__dict__.items():
             # tf.functions do not copy; a copy traces its own.
             setattr(result, k, {} if k == "_v2_run_functions" else copy.deepcopy(v, memo))
-        result._extended._container_strategy_weakref = weakref.ref(result)  # pylint: disable=protected-access
+        # pylint: disable-next=protected-access
+        result._extended._container_strategy_weakref = weakref.ref(result)
         return result
 
     def __repr__(self):
