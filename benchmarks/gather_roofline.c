@@ -22,7 +22,7 @@
 
 #include "roofline_util.h"
 
-static float *table;
+static float* table;
 static int64_t rows;
 static int dim;
 static double seconds;
@@ -37,8 +37,8 @@ typedef struct {
 #define CHUNK 4096
 #define AHEAD 8
 
-static void *run(void *arg) {
-  Work *w = (Work *)arg;
+static void* run(void* arg) {
+  Work* w = (Work*)arg;
   int64_t ids[CHUNK];
   float acc[1024];
   memset(acc, 0, sizeof(acc));
@@ -48,14 +48,14 @@ static void *run(void *arg) {
     for (int i = 0; i < CHUNK; ++i) ids[i] = (int64_t)(next(&w->seed) % (uint64_t)rows);
     for (int i = 0; i < CHUNK; ++i) {
       if (i + AHEAD < CHUNK) {
-        const char *p = (const char *)(table + ids[i + AHEAD] * dim);
+        const char* p = (const char*)(table + ids[i + AHEAD] * dim);
         if (w->update) {
           for (int b = 0; b < dim * 4; b += 64) __builtin_prefetch(p + b, 1);
         } else {
           for (int b = 0; b < dim * 4; b += 64) __builtin_prefetch(p + b, 0);
         }
       }
-      float *row = table + ids[i] * dim;
+      float* row = table + ids[i] * dim;
       if (w->update) {
         for (int d = 0; d < dim; ++d) row[d] += 1.0f;
       } else {
@@ -87,7 +87,7 @@ static double measure(int threads, int update) {
   return (double)total * dim * 4 * (update ? 2 : 1) / elapsed / 1e9;
 }
 
-int main(int argc, char **argv) {
+int main(int argc, char** argv) {
   if (argc != 5) {
     fprintf(stderr, "usage: %s ROWS DIM THREADS SECONDS\n", argv[0]);
     return 2;

@@ -16,7 +16,7 @@ static double now(void) {
   return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
 
-static uint64_t next(uint64_t *s) { /* xorshift64* */
+static uint64_t next(uint64_t* s) { /* xorshift64* */
   *s ^= *s >> 12;
   *s ^= *s << 25;
   *s ^= *s >> 27;
@@ -25,10 +25,10 @@ static uint64_t next(uint64_t *s) { /* xorshift64* */
 
 /* `bytes` rounded up to 2 MiB, 2 MiB aligned, huge pages advised; NULL
  * (after a message) when it cannot be allocated.  Not touched. */
-static float *alloc_table(size_t bytes) {
+static float* alloc_table(size_t bytes) {
   const size_t huge = (size_t)2 << 20;
   bytes = (bytes + huge - 1) / huge * huge;
-  float *p = aligned_alloc(huge, bytes);
+  float* p = aligned_alloc(huge, bytes);
   if (p == NULL) {
     fprintf(stderr, "cannot allocate %zu bytes\n", bytes);
     return NULL;
@@ -39,4 +39,4 @@ static float *alloc_table(size_t bytes) {
   return p;
 }
 
-#endif  /* TF_TPU_EMB_BENCHMARKS_ROOFLINE_UTIL_H_ */
+#endif /* TF_TPU_EMB_BENCHMARKS_ROOFLINE_UTIL_H_ */

@@ -33,15 +33,15 @@ static int dim, mode, ahead;
 static double seconds;
 static float *P, *A, *I, *R;
 
-static float *alloc(size_t bytes) {
-  float *p = alloc_table(bytes);
+static float* alloc(size_t bytes) {
+  float* p = alloc_table(bytes);
   if (p == NULL) exit(1);
   memset(p, 0, bytes);
   return p;
 }
 
-static void prefetch(const void *p, int bytes) {
-  for (int b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)p + b, 1);
+static void prefetch(const void* p, int bytes) {
+  for (int b = 0; b < bytes; b += 64) __builtin_prefetch((const char*)p + b, 1);
 }
 
 typedef struct {
@@ -51,9 +51,9 @@ typedef struct {
 
 #define CHUNK 4096
 
-static void *run(void *arg) {
-  Work *w = arg;
-  int64_t *ids = malloc(sizeof(int64_t) * CHUNK);
+static void* run(void* arg) {
+  Work* w = arg;
+  int64_t* ids = malloc(sizeof(int64_t) * CHUNK);
   float g[1024];
   for (int d = 0; d < dim; ++d) g[d] = 0.01f * (d + 1);
   double t0 = now();
@@ -82,8 +82,8 @@ static void *run(void *arg) {
         for (int d = 0; d < dim; ++d) wr[d] -= r * g[d];
         continue;
       }
-      float *wr = mode == 0 ? P + id * dim : I + id * 2 * dim;
-      float *a = mode == 0 ? A + id * dim : wr + dim;
+      float* wr = mode == 0 ? P + id * dim : I + id * 2 * dim;
+      float* a = mode == 0 ? A + id * dim : wr + dim;
       for (int d = 0; d < dim; ++d) {
         a[d] += g[d] * g[d];
         wr[d] -= 0.1f * g[d] / sqrtf(a[d] + 1e-3f);
@@ -96,7 +96,7 @@ static void *run(void *arg) {
   return NULL;
 }
 
-int main(int argc, char **argv) {
+int main(int argc, char** argv) {
   if (argc != 6) {
     fprintf(stderr, "usage: %s ROWS DIM THREADS SECONDS AHEAD\n", argv[0]);
     return 2;
@@ -114,7 +114,7 @@ int main(int argc, char **argv) {
   A = alloc((size_t)rows * dim * 4);
   I = alloc((size_t)rows * dim * 8);
   R = alloc((size_t)rows * 4);
-  const char *names[] = {"separate", "interleaved", "rowwise"};
+  const char* names[] = {"separate", "interleaved", "rowwise"};
   for (int round = 0; round < 3; ++round) {
     for (mode = 0; mode < 3; ++mode) {
       pthread_t tid[64];

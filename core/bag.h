@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "core/cpu_dispatch.h"
 #include "core/bf16.h"
+#include "core/cpu_dispatch.h"
 
 namespace tf_tpu_emb {
 

@@ -69,7 +69,7 @@ inline uint32_t Mix32(uint32_t h) {
 // bits Mix32(key + (first + d) * 0x9E3779B9), so they depend only on (key,
 // element index), never on the thread or the ISA the loop runs on.
 TF_TPU_EMB_INLINE_INTO_CLONES void RoundStochasticRow(const float* x, int n, uint32_t key,
-                                                   uint32_t first, Bf16* out) {
+                                                      uint32_t first, Bf16* out) {
   for (int d = 0; d < n; ++d) {
     const uint32_t r = Mix32(key + (first + static_cast<uint32_t>(d)) * 0x9E3779B9u);
     out[d].bits = RoundStochasticBits(x[d], r);

@@ -15,12 +15,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "google/protobuf/descriptor.h"
-#include "google/protobuf/message.h"
-#include "google/protobuf/unknown_field_set.h"
 #include "core/optimizers.h"
 #include "core/sharding.h"
 #include "core/tf_version.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
+#include "google/protobuf/unknown_field_set.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/framework/tensor_shape.pb.h"
 #include "tensorflow/core/platform/errors.h"
@@ -79,30 +79,30 @@ absl::StatusOr<int64_t> BoundedProduct(const Factors& factors, int64_t limit,
     if (!overflow && !CheckedMul(product, f, &product)) overflow = true;
   }
   if (overflow || product > limit) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " is ", expr,
-        overflow ? " (overflows int64)" : n > 1 ? absl::StrCat(" = ", product) : "",
-        ", more than the limit ", limit));
+    return absl::InvalidArgumentError(absl::StrCat(what, " is ", expr,
+                                                   overflow ? " (overflows int64)"
+                                                   : n > 1  ? absl::StrCat(" = ", product)
+                                                            : "",
+                                                   ", more than the limit ", limit));
   }
   return product;
 }
-inline absl::StatusOr<int64_t> BoundedProduct(std::initializer_list<int64_t> factors,
-                                              int64_t limit, const std::string& what) {
+inline absl::StatusOr<int64_t> BoundedProduct(std::initializer_list<int64_t> factors, int64_t limit,
+                                              const std::string& what) {
   return BoundedProduct<std::initializer_list<int64_t>>(factors, limit, what);
 }
 
 inline absl::Status CheckInputShapeRank(
     const ::tensorflow::tpu::TPUEmbeddingConfiguration::FeatureDescriptor& feature) {
   if (feature.input_shape_size() <= kMaxInputShapeRank) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "feature_descriptor '", feature.name(), "': input_shape has rank ",
-      feature.input_shape_size(), ", more than the limit ", kMaxInputShapeRank,
-      " (Recv's output appends the embedding dimension and a TensorShape has at most ",
-      ::tensorflow::TensorShape::MaxDimensions(), " dimensions)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("feature_descriptor '", feature.name(), "': input_shape has rank ",
+                   feature.input_shape_size(), ", more than the limit ", kMaxInputShapeRank,
+                   " (Recv's output appends the embedding dimension and a TensorShape has at most ",
+                   ::tensorflow::TensorShape::MaxDimensions(), " dimensions)"));
 }
 
-inline absl::Status ParseConfig(const std::string& bytes,
-                                TPUEmbeddingConfiguration* config) {
+inline absl::Status ParseConfig(const std::string& bytes, TPUEmbeddingConfiguration* config) {
   if (!config->ParseFromString(bytes)) {
     return absl::InvalidArgumentError("Malformed tpu_embedding_config.");
   }
@@ -124,8 +124,7 @@ inline TensorShapeProto MakeShapeProto(const std::vector<int64_t>& dims) {
 // a feature whose table_id does not name a table is an error.
 inline bool SpmdMultipliesOutputs(const TPUEmbeddingConfiguration& config) {
 #if TF_TPU_EMB_HAS_TF219_PROTOS
-  return config.spmd_sharding().enabled() &&
-         !config.spmd_sharding().use_manual_partitioning();
+  return config.spmd_sharding().enabled() && !config.spmd_sharding().use_manual_partitioning();
 #else
   // Before TF 2.19 SPMD partitioning is automatic only; a config asking for
   // manual partitioning is refused at configure (RefuseNewerTfFeatures).
@@ -140,21 +139,19 @@ inline absl::Status ComputeOutputShapes(const TPUEmbeddingConfiguration& config,
     for (const auto& feature : config.feature_descriptor()) {
       const int table_id = feature.table_id();
       if (table_id < 0 || table_id >= config.table_descriptor_size()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "feature_descriptor '", feature.name(), "' has table_id ", table_id,
-            ", which is not in [0, ", config.table_descriptor_size(), ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("feature_descriptor '", feature.name(), "' has table_id ", table_id,
+                         ", which is not in [0, ", config.table_descriptor_size(), ")"));
       }
       TF_RETURN_IF_ERROR(CheckInputShapeRank(feature));
-      std::vector<int64_t> dims(feature.input_shape().begin(),
-                                feature.input_shape().end());
+      std::vector<int64_t> dims(feature.input_shape().begin(), feature.input_shape().end());
       dims.push_back(config.table_descriptor(table_id).dimension());
       shapes->push_back(MakeShapeProto(dims));
     }
   } else {
     for (const auto& table : config.table_descriptor()) {
       shapes->push_back(MakeShapeProto(
-          {static_cast<int64_t>(table.num_features()) *
-               config.batch_size_per_tensor_core(),
+          {static_cast<int64_t>(table.num_features()) * config.batch_size_per_tensor_core(),
            table.dimension()}));
     }
   }
@@ -164,9 +161,10 @@ inline absl::Status ComputeOutputShapes(const TPUEmbeddingConfiguration& config,
       int64_t size;
       if (!CheckedMul(first->size(), config.spmd_sharding().num_cores_per_replica(), &size)) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "spmd_sharding.num_cores_per_replica ",
-            config.spmd_sharding().num_cores_per_replica(), " times the output's first "
-            "dimension ", first->size(), " overflows int64"));
+            "spmd_sharding.num_cores_per_replica ", config.spmd_sharding().num_cores_per_replica(),
+            " times the output's first "
+            "dimension ",
+            first->size(), " overflows int64"));
       }
       first->set_size(size);
     }
@@ -177,17 +175,17 @@ inline absl::Status ComputeOutputShapes(const TPUEmbeddingConfiguration& config,
 // Number of rows of a table held by shard `shard_id` of `num_shards`
 // (ShardLayout::Rows), with the errors of TF's table shard shapes
 // (TpuEmbeddingShapeUtil): TF refuses an empty shard there.
-inline absl::StatusOr<int64_t> NumIdsInShard(int64_t vocabulary_size,
-                                             int shard_id, int num_shards) {
+inline absl::StatusOr<int64_t> NumIdsInShard(int64_t vocabulary_size, int shard_id,
+                                             int num_shards) {
   if (num_shards <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "The number of shards for the embedding layer must be > 0. "
-        "Currently set to: ", num_shards));
+    return absl::InvalidArgumentError(
+        absl::StrCat("The number of shards for the embedding layer must be > 0. "
+                     "Currently set to: ",
+                     num_shards));
   }
   if (shard_id < 0 || shard_id >= num_shards) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("The value of shard_id must be >= 0 and < ", num_shards,
-                     ". Currently set to: ", shard_id));
+    return absl::InvalidArgumentError(absl::StrCat("The value of shard_id must be >= 0 and < ",
+                                                   num_shards, ". Currently set to: ", shard_id));
   }
   int64_t rows;
   if (vocabulary_size >= 1) {
@@ -199,19 +197,16 @@ inline absl::StatusOr<int64_t> NumIdsInShard(int64_t vocabulary_size,
   if (rows == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "All embedding shards must be non-empty, shard ID: ", shard_id,
-        " is empty, vocabulary size: ", vocabulary_size,
-        ", number of shards: ", num_shards));
+        " is empty, vocabulary size: ", vocabulary_size, ", number of shards: ", num_shards));
   }
   return rows;
 }
 
-inline absl::Status TableShardShapes(const TPUEmbeddingConfiguration& config,
-                                     int shard_id, int num_shards,
-                                     std::vector<TensorShapeProto>* shapes) {
+inline absl::Status TableShardShapes(const TPUEmbeddingConfiguration& config, int shard_id,
+                                     int num_shards, std::vector<TensorShapeProto>* shapes) {
   shapes->clear();
   for (const auto& table : config.table_descriptor()) {
-    absl::StatusOr<int64_t> rows =
-        NumIdsInShard(table.vocabulary_size(), shard_id, num_shards);
+    absl::StatusOr<int64_t> rows = NumIdsInShard(table.vocabulary_size(), shard_id, num_shards);
     if (!rows.ok()) return rows.status();
     shapes->push_back(MakeShapeProto({*rows, table.dimension()}));
   }
@@ -221,7 +216,8 @@ inline absl::Status TableShardShapes(const TPUEmbeddingConfiguration& config,
 // The config's sharding_strategy (core/sharding.h holds its arithmetic).
 inline ShardingStrategy ShardingOf(const TPUEmbeddingConfiguration& config) {
   return config.sharding_strategy() == TPUEmbeddingConfiguration::MOD
-             ? ShardingStrategy::kMod : ShardingStrategy::kDivDefault;
+             ? ShardingStrategy::kMod
+             : ShardingStrategy::kDivDefault;
 }
 
 // The layout of table `t` over the config's num_hosts hosts.
@@ -248,10 +244,10 @@ inline absl::Status StateVariableNames(const OptimizationParameters& params,
   for (const SlotSpec& slot : spec->slots) names->push_back(slot.name);
   if (UsesGradientAccumulation(params)) names->push_back("gradient_accumulators");
   if (names->size() > kMaxStateVariables) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Optimization algorithm ", spec->op_infix,
-        " does not support gradient accumulation because it already has too "
-        "many other accumulators"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("Optimization algorithm ", spec->op_infix,
+                     " does not support gradient accumulation because it already has too "
+                     "many other accumulators"));
   }
   return absl::OkStatus();
 }
@@ -259,8 +255,7 @@ inline absl::Status StateVariableNames(const OptimizationParameters& params,
 // True when `m` carries an unknown field numbered `number`: what this TF's
 // parser makes of a field that only a newer TF's proto declares.
 inline bool HasUnknownField(const ::google::protobuf::Message& m, int number) {
-  const ::google::protobuf::UnknownFieldSet& unknown =
-      m.GetReflection()->GetUnknownFields(m);
+  const ::google::protobuf::UnknownFieldSet& unknown = m.GetReflection()->GetUnknownFields(m);
   for (int i = 0; i < unknown.field_count(); ++i) {
     if (unknown.field(i).number() == number) return true;
   }
@@ -271,26 +266,27 @@ inline bool HasUnknownField(const ::google::protobuf::Message& m, int number) {
 // against lacks (a config serialized by a newer TF carries them as unknown
 // fields): Unimplemented, naming the feature and the TF it needs.
 inline absl::Status RefuseNewerTfFeatures(const TPUEmbeddingConfiguration& config) {
-  const std::string built_for = absl::StrCat(
-      "; this build of tf_tpu_emb is for TensorFlow ", TF_TPU_EMB_TF_VERSION / 1000, ".",
-      TF_TPU_EMB_TF_VERSION % 1000 / 10);
+  const std::string built_for =
+      absl::StrCat("; this build of tf_tpu_emb is for TensorFlow ", TF_TPU_EMB_TF_VERSION / 1000,
+                   ".", TF_TPU_EMB_TF_VERSION % 1000 / 10);
   for (const auto& desc : config.table_descriptor()) {
     for (const VersionedOptimizer& v : VersionedOptimizers()) {
       if (TF_TPU_EMB_TF_AT_LEAST(v.min_tf_major, v.min_tf_minor)) continue;
       if (HasUnknownField(desc.optimization_parameters(), v.proto_number)) {
-        return absl::UnimplementedError(absl::StrCat(
-            "table '", desc.name(), "': the ", v.op_infix,
-            " optimizer (OptimizationParameters.", v.proto_field, ") needs TensorFlow >= ",
-            v.min_tf_major, ".", v.min_tf_minor, built_for));
+        return absl::UnimplementedError(
+            absl::StrCat("table '", desc.name(), "': the ", v.op_infix,
+                         " optimizer (OptimizationParameters.", v.proto_field,
+                         ") needs TensorFlow >= ", v.min_tf_major, ".", v.min_tf_minor, built_for));
       }
     }
   }
 #if !TF_TPU_EMB_HAS_TF219_PROTOS
   constexpr int kUseManualPartitioningField = 3;  // TPUEmbeddingConfiguration.SpmdSharding
   if (HasUnknownField(config.spmd_sharding(), kUseManualPartitioningField)) {
-    return absl::UnimplementedError(absl::StrCat(
-        "spmd_sharding.use_manual_partitioning (manual SPMD partitioning) needs "
-        "TensorFlow >= 2.19", built_for));
+    return absl::UnimplementedError(
+        absl::StrCat("spmd_sharding.use_manual_partitioning (manual SPMD partitioning) needs "
+                     "TensorFlow >= 2.19",
+                     built_for));
   }
 #endif
   return absl::OkStatus();
@@ -305,16 +301,14 @@ inline absl::Status CompleteConfig(TPUEmbeddingConfiguration* config) {
   TF_RETURN_IF_ERROR(RefuseNewerTfFeatures(*config));
   if (config->feature_descriptor_size() == 0) {
     if (config->batch_size_per_tensor_core() <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Invalid batch_size_per_tensor_core: ",
-          config->batch_size_per_tensor_core(),
-          " found in the TPU embedding configuration. Valid values are >0."));
+      return absl::InvalidArgumentError(
+          absl::StrCat("Invalid batch_size_per_tensor_core: ", config->batch_size_per_tensor_core(),
+                       " found in the TPU embedding configuration. Valid values are >0."));
     }
     for (const auto& table : config->table_descriptor()) {
       if (table.num_features() <= 0) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "Invalid num_features: ", table.num_features(),
-            " found for table: ", table.name(),
+            "Invalid num_features: ", table.num_features(), " found for table: ", table.name(),
             " in the TPU embedding configuration. Valid values are >0."));
       }
     }
@@ -322,8 +316,7 @@ inline absl::Status CompleteConfig(TPUEmbeddingConfiguration* config) {
     for (int t = 0; t < config->table_descriptor_size(); ++t) {
       const auto& table = config->table_descriptor(t);
       absl::StatusOr<int64_t> r = BoundedProduct(
-          {config->batch_size_per_tensor_core(), table.num_features()},
-          kMaxFeaturePositions,
+          {config->batch_size_per_tensor_core(), table.num_features()}, kMaxFeaturePositions,
           absl::StrCat("table '", table.name(), "': batch_size_per_tensor_core x num_features"));
       if (!r.ok()) return r.status();
       rows[t] = *r;
@@ -344,11 +337,11 @@ inline absl::Status CompleteConfig(TPUEmbeddingConfiguration* config) {
   }
   for (const auto& table : config->table_descriptor()) {
     if (table.num_features() != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Invalid TPU embedding configuration. The TableDescriptor."
-          "num_features field must NOT be populated when the "
-          "feature_descriptor fields are filled in, num_features is set to ",
-          table.num_features(), " for table ", table.name(), "."));
+      return absl::InvalidArgumentError(
+          absl::StrCat("Invalid TPU embedding configuration. The TableDescriptor."
+                       "num_features field must NOT be populated when the "
+                       "feature_descriptor fields are filled in, num_features is set to ",
+                       table.num_features(), " for table ", table.name(), "."));
     }
   }
   const int num_tables = config->table_descriptor_size();
@@ -356,29 +349,29 @@ inline absl::Status CompleteConfig(TPUEmbeddingConfiguration* config) {
   std::vector<int64_t> sizes;
   for (const auto& feature : config->feature_descriptor()) {
     if (feature.table_id() < 0 || feature.table_id() >= num_tables) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Invalid table_id: ", feature.table_id(),
-          " found in feature_descriptor: ", feature.ShortDebugString(),
-          ", all table_ids must be in the range[0, ", num_tables, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("Invalid table_id: ", feature.table_id(),
+                       " found in feature_descriptor: ", feature.ShortDebugString(),
+                       ", all table_ids must be in the range[0, ", num_tables, ")"));
     }
     if (feature.input_shape().empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "The input_shape field cannot be empty in feature_descriptor: ",
-          feature.ShortDebugString()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("The input_shape field cannot be empty in feature_descriptor: ",
+                       feature.ShortDebugString()));
     }
     for (int d : feature.input_shape()) {
       if (d <= 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "The input_shape dimension sizes must all be >0 in "
-            "feature_descriptor: ", feature.ShortDebugString(),
-            ", found dimension size set to ", d));
+        return absl::InvalidArgumentError(
+            absl::StrCat("The input_shape dimension sizes must all be >0 in "
+                         "feature_descriptor: ",
+                         feature.ShortDebugString(), ", found dimension size set to ", d));
       }
     }
     TF_RETURN_IF_ERROR(CheckInputShapeRank(feature));
-    absl::StatusOr<int64_t> positions = BoundedProduct(
-        feature.input_shape(), kMaxFeaturePositions,
-        absl::StrCat("feature_descriptor '", feature.name(),
-                     "': the element count of input_shape"));
+    absl::StatusOr<int64_t> positions =
+        BoundedProduct(feature.input_shape(), kMaxFeaturePositions,
+                       absl::StrCat("feature_descriptor '", feature.name(),
+                                    "': the element count of input_shape"));
     if (!positions.ok()) return positions.status();
     const int64_t size = *positions;
     used[feature.table_id()] = true;
@@ -387,9 +380,8 @@ inline absl::Status CompleteConfig(TPUEmbeddingConfiguration* config) {
   for (int t = 0; t < num_tables; ++t) {
     if (!used[t]) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "No feature_descriptor fields found for table: ",
-          config->table_descriptor(t).name(), " (ID: ", t,
-          ") in the TPU embedding configuration."));
+          "No feature_descriptor fields found for table: ", config->table_descriptor(t).name(),
+          " (ID: ", t, ") in the TPU embedding configuration."));
     }
   }
   int64_t batch = 0;
@@ -401,13 +393,12 @@ inline absl::Status CompleteConfig(TPUEmbeddingConfiguration* config) {
   }
   for (int t = 0; t < num_tables; ++t) {
     if (counts[t] > INT32_MAX) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "table '", config->table_descriptor(t).name(), "': its features have ",
-          counts[t], " x batch_size_per_tensor_core (", batch,
-          ") elements; num_features would exceed the limit ", INT32_MAX));
+      return absl::InvalidArgumentError(
+          absl::StrCat("table '", config->table_descriptor(t).name(), "': its features have ",
+                       counts[t], " x batch_size_per_tensor_core (", batch,
+                       ") elements; num_features would exceed the limit ", INT32_MAX));
     }
-    config->mutable_table_descriptor(t)->set_num_features(
-        static_cast<int32_t>(counts[t]));
+    config->mutable_table_descriptor(t)->set_num_features(static_cast<int32_t>(counts[t]));
   }
   return absl::OkStatus();
 }
@@ -439,17 +430,16 @@ inline absl::Status CheckFiniteFields(const ::google::protobuf::Message& m,
                                        : reflection->GetDouble(m, field);
           break;
         case FieldDescriptor::CPPTYPE_MESSAGE:
-          TF_RETURN_IF_ERROR(CheckFiniteFields(
-              field->is_repeated() ? reflection->GetRepeatedMessage(m, field, i)
-                                   : reflection->GetMessage(m, field),
-              label, at));
+          TF_RETURN_IF_ERROR(CheckFiniteFields(field->is_repeated()
+                                                   ? reflection->GetRepeatedMessage(m, field, i)
+                                                   : reflection->GetMessage(m, field),
+                                               label, at));
           continue;
-        default:
-          continue;
+        default: continue;
       }
       if (!std::isfinite(value)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            label, ": ", at, " is ", value, "; hyper-parameters must be finite"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(label, ": ", at, " is ", value, "; hyper-parameters must be finite"));
       }
     }
   }
@@ -474,19 +464,20 @@ inline absl::StatusOr<Quantization> TableQuantization(const OptimizationParamete
   q.upper = limits.has_upper() ? limits.upper().value() : INFINITY;
   if (sq.num_buckets() < 2 || !std::isfinite(q.lower) || !std::isfinite(q.upper) ||
       !(q.lower < q.upper)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        label, ": simulated_quantization needs finite clipping limits "
-               "lower < upper and num_buckets >= 2"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(label,
+                     ": simulated_quantization needs finite clipping limits "
+                     "lower < upper and num_buckets >= 2"));
   }
   q.step = (q.upper - q.lower) / static_cast<float>(sq.num_buckets() - 1);
   // The width must be a normal float: TF's threads flush denormals to zero,
   // and the lookup divides by it.
   if (!std::isfinite(q.upper - q.lower) || !(q.step >= std::numeric_limits<float>::min()) ||
       !std::isfinite(q.step)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        label, ": simulated_quantization range [", q.lower, ", ", q.upper, "] with ",
-        sq.num_buckets(), " buckets has bucket width ", q.upper - q.lower, " / ",
-        sq.num_buckets() - 1, ", which is not a normal, finite float32"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(label, ": simulated_quantization range [", q.lower, ", ", q.upper, "] with ",
+                     sq.num_buckets(), " buckets has bucket width ", q.upper - q.lower, " / ",
+                     sq.num_buckets() - 1, ", which is not a normal, finite float32"));
   }
   return q;
 }
@@ -505,11 +496,9 @@ inline absl::StatusOr<int64_t> TableStateBytes(const TPUEmbeddingConfiguration& 
   const auto& desc = config.table_descriptor(t);
   const OptimizerSpec* spec = FindOptimizer(desc.optimization_parameters().parameters_case());
   const int64_t buffers = 1 + (spec == nullptr ? 0 : spec->slots.size());
-  return BoundedProduct({rows < 0 ? desc.vocabulary_size() : rows, desc.dimension(),
-                         int64_t{4}, buffers},
-                        INT64_MAX,
-                        absl::StrCat(TableLabel(config, t),
-                                     ": vocabulary_size x dimension x 4 bytes x (1 + slots)"));
+  return BoundedProduct(
+      {rows < 0 ? desc.vocabulary_size() : rows, desc.dimension(), int64_t{4}, buffers}, INT64_MAX,
+      absl::StrCat(TableLabel(config, t), ": vocabulary_size x dimension x 4 bytes x (1 + slots)"));
 }
 
 // Configure-time validation of a completed config (after CompleteConfig):
@@ -518,16 +507,16 @@ inline absl::StatusOr<int64_t> TableStateBytes(const TPUEmbeddingConfiguration& 
 // allocates anything.
 inline absl::Status ValidateConfig(const TPUEmbeddingConfiguration& config) {
   if (config.num_tensor_cores() < 0 || config.num_tensor_cores() > kMaxTensorCores) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Invalid num_tensor_cores: ", config.num_tensor_cores(), "; must be in [0, ",
-        kMaxTensorCores, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("Invalid num_tensor_cores: ", config.num_tensor_cores(), "; must be in [0, ",
+                     kMaxTensorCores, "]"));
   }
   for (int t = 0; t < config.table_descriptor_size(); ++t) {
     const auto& desc = config.table_descriptor(t);
     const std::string label = TableLabel(config, t);
     if (desc.vocabulary_size() <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          label, " has vocabulary_size ", desc.vocabulary_size(), "; must be > 0"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(label, " has vocabulary_size ", desc.vocabulary_size(), "; must be > 0"));
     }
     if (desc.dimension() <= 0 || desc.dimension() > kMaxDimension) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -536,18 +525,18 @@ inline absl::Status ValidateConfig(const TPUEmbeddingConfiguration& config) {
                                 : absl::StrCat(", more than the limit ", kMaxDimension)));
     }
     TF_RETURN_IF_ERROR(TableStateBytes(config, t).status());
-    TF_RETURN_IF_ERROR(CheckFiniteFields(desc.optimization_parameters(), label,
-                                         "optimization_parameters"));
+    TF_RETURN_IF_ERROR(
+        CheckFiniteFields(desc.optimization_parameters(), label, "optimization_parameters"));
     TF_RETURN_IF_ERROR(TableQuantization(desc.optimization_parameters(), label).status());
   }
   int64_t activations = 0;
   for (const auto& feature : config.feature_descriptor()) {
     std::vector<int64_t> dims(feature.input_shape().begin(), feature.input_shape().end());
     dims.push_back(config.table_descriptor(feature.table_id()).dimension());
-    absl::StatusOr<int64_t> floats = BoundedProduct(
-        dims, kMaxActivationFloats,
-        absl::StrCat("feature_descriptor '", feature.name(),
-                     "': the size of Recv's output (input_shape + [dimension])"));
+    absl::StatusOr<int64_t> floats =
+        BoundedProduct(dims, kMaxActivationFloats,
+                       absl::StrCat("feature_descriptor '", feature.name(),
+                                    "': the size of Recv's output (input_shape + [dimension])"));
     if (!floats.ok()) return floats.status();
     if (!CheckedAdd(activations, *floats, &activations) || activations > kMaxActivationFloats) {
       return absl::InvalidArgumentError(absl::StrCat(

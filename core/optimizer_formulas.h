@@ -139,8 +139,8 @@ inline void SparseCoreFtrlForm(const RowArgs& a, const FtrlHyper& h) {
       numer = l1 == 0 ? -lin_new : std::min(std::max(lin_new, -bound), bound) - lin_new;
       denom = (p_new + 2.0f * lr * l2) + h.beta;
     } else {
-      lin_new = kDpOverLrFirst ? (lin[d] + g) - (dp / lr) * a.w[d]
-                               : (lin[d] + g) - dp * a.w[d] / lr;
+      lin_new =
+          kDpOverLrFirst ? (lin[d] + g) - (dp / lr) * a.w[d] : (lin[d] + g) - dp * a.w[d] / lr;
       numer = l1 == 0 ? -lin_new : std::min(std::max(lin_new, -l1), l1) - lin_new;
       denom = (p_new + h.beta) / lr + 2.0f * l2;
     }
@@ -312,8 +312,7 @@ inline void FrequencyAwareAdagrad(const RowArgs& a, const FrequencyAwareAdagradH
   const float step = std::max(h.step_counter, 1.0f);
   for (int d = 0; d < a.dim; ++d) {
     counter[d] += 1;
-    acc[d] = std::max(h.accumulator_decay * acc[d] + a.g[d] * a.g[d],
-                      h.initial_accumulator_value);
+    acc[d] = std::max(h.accumulator_decay * acc[d] + a.g[d] * a.g[d], h.initial_accumulator_value);
     float scale = std::pow(step / counter[d], h.probability_exponent);
     if (h.max_lr_multiplier > 0) scale = std::min(scale, h.max_lr_multiplier);
     float update = a.g[d] * scale / std::sqrt(acc[d]);

@@ -82,8 +82,7 @@ namespace opt {
 // laziness switch, and for the ones the engine refuses.
 inline void NoSlots(const OptimizationParameters&, float*) {}
 inline void NoDynamicTags(const OptimizationParameters&, std::vector<int>*) {}
-inline void NoBindDynamic(const OptimizationParameters&, const std::vector<float>&,
-                          HyperParams*) {}
+inline void NoBindDynamic(const OptimizationParameters&, const std::vector<float>&, HyperParams*) {}
 inline bool Lazy(const OptimizationParameters&) { return false; }
 inline void Unimplemented(const RowArgs&) {}
 
@@ -116,7 +115,10 @@ inline bool UsesGradientAccumulation(const OptimizationParameters& p) {
 // Initial value of the hidden gradient_accumulators state variable: the
 // smallest positive denormal float (bit pattern 0x00000001), as on TPU.
 inline float GradientAccumulatorInitialValue() {
-  union { unsigned int bits; float value; } u;
+  union {
+    unsigned int bits;
+    float value;
+  } u;
   u.bits = 1u;
   return u.value;
 }

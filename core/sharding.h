@@ -27,7 +27,8 @@ struct Divider {
   double inverse = 1.0;
   Divider() = default;
   explicit Divider(int64_t divisor)
-      : d(divisor < 1 ? 1 : divisor), inverse(1.0 / static_cast<double>(divisor < 1 ? 1 : divisor)) {}
+      : d(divisor < 1 ? 1 : divisor),
+        inverse(1.0 / static_cast<double>(divisor < 1 ? 1 : divisor)) {}
   int64_t Div(int64_t n) const {
     int64_t q = static_cast<int64_t>(static_cast<double>(n) * inverse);
     while (q > 0 && q * d > n) --q;

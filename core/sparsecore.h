@@ -65,8 +65,7 @@ struct CsrBufferSizes {
 };
 
 inline CsrBufferSizes CsrBufferSizesFor(int64_t num_replica, int64_t num_sc,
-                                        int64_t max_minibatches_per_sc,
-                                        int64_t max_ids_per_chip) {
+                                        int64_t max_minibatches_per_sc, int64_t max_ids_per_chip) {
   return {max_minibatches_per_sc * num_sc * RoundUp(num_replica * num_sc, kXlaPadSize),
           max_ids_per_chip};
 }
@@ -99,12 +98,10 @@ inline float CombinerTransform(Combiner c, float sum) {
   switch (c) {
     case Combiner::kSum: return 1.0f;
     case Combiner::kMean: return sum == 0.0f ? 0.0f : static_cast<float>(1.0 / sum);
-    case Combiner::kSqrtn:
-      return sum == 0.0f ? 0.0f : static_cast<float>(1.0 / std::sqrt(sum));
+    case Combiner::kSqrtn: return sum == 0.0f ? 0.0f : static_cast<float>(1.0 / std::sqrt(sum));
   }
   return 1.0f;
 }
-
 
 // ------------------------------------------------------------- several chips
 // The stand-in SparseCore TPU system (tf_tpu_emb/tpu/system.py with

@@ -71,7 +71,7 @@ constexpr StandaloneLayout StandaloneLayoutOf(Opt o) {
 }
 
 // Calls visit(const char* name, bool* or float* value)
-// for each gradient op attr of `o`, in TF's order, stopping at the first
+// for each gradient op attr of `o`, in its op's order, stopping at the first
 // false; returns false then.
 template <typename Visit>
 bool VisitGradAttrs(Opt o, Hyper* h, Visit&& visit) {
@@ -99,7 +99,7 @@ bool VisitGradAttrs(Opt o, Hyper* h, Visit&& visit) {
 }
 
 // Calls visit(const char* name, bool* or float* value)
-// for each XlaSparseCore<Name> attr of `o`, in TF's order, stopping at the first
+// for each XlaSparseCore<Name> attr of `o`, in its op's order, stopping at the first
 // false; returns false then.
 template <typename Visit>
 bool VisitStandaloneAttrs(Opt o, Hyper* h, Visit&& visit) {
@@ -119,7 +119,7 @@ bool VisitStandaloneAttrs(Opt o, Hyper* h, Visit&& visit) {
 }
 
 // Calls visit(int input, const char* name, float* value)
-// for each XlaSparseCore<Name> scalar input of `o`, in TF's order, stopping at the first
+// for each XlaSparseCore<Name> scalar input of `o`, in its op's order, stopping at the first
 // false; returns false then.
 template <typename Visit>
 bool VisitStandaloneScalars(Opt o, Hyper* h, Visit&& visit) {
@@ -185,7 +185,7 @@ inline bool FindJaxOptimizer(std::string_view name, Opt* out) {
 }
 
 // Calls visit(int index, const char* name, bool* or float* value)
-// for each JAX scalar operand of `o`, in TF's order, stopping at the first
+// for each JAX scalar operand of `o`, in its op's order, stopping at the first
 // false; returns false then.
 template <typename Visit>
 bool VisitJaxScalars(Opt o, Hyper* h, Visit&& visit) {
@@ -221,7 +221,7 @@ bool VisitJaxScalars(Opt o, Hyper* h, Visit&& visit) {
 }
 
 // Calls visit(const char* name, bool* or float* value)
-// for each JAX FFI attr of `o`, in TF's order, stopping at the first
+// for each JAX FFI attr of `o`, in its op's order, stopping at the first
 // false; returns false then.
 template <typename Visit>
 bool VisitJaxAttrs(Opt o, Hyper* h, Visit&& visit) {

@@ -31,9 +31,9 @@ struct Contribution {
 // (Table::update); the step adds its dynamic inputs.
 struct TableStep {
   Table* table = nullptr;
-  RowArgs args{};  // lr; row pointers filled per row
-  HyperParams hp{};  // hyper-parameters and this step's dynamic inputs
-  float decay = 0;  // effective weight decay factor
+  RowArgs args{};     // lr; row pointers filled per row
+  HyperParams hp{};   // hyper-parameters and this step's dynamic inputs
+  float decay = 0;    // effective weight decay factor
   uint64_t seed = 0;  // bfloat16 storage: this step's stochastic-rounding seed
   std::vector<Contribution> contributions;  // grouped by partition
   std::vector<int64_t> partition_starts;
@@ -107,18 +107,18 @@ TF_TPU_EMB_INLINE_INTO_CLONES void UpdateRow(const TableStep& ts, int64_t id, fl
 TF_TPU_EMB_INLINE_INTO_CLONES void PrefetchStateRows(const Table& t, int64_t id) {
   for (const auto& buffer : t.state) {
     const int bytes = t.dimension * buffer->element_bytes();
-    const char* row = static_cast<const char*>(buffer->bf16()
-                                                   ? static_cast<const void*>(buffer->half())
-                                                   : static_cast<const void*>(buffer->data())) +
-                      id * bytes;
+    const char* row =
+        static_cast<const char*>(buffer->bf16() ? static_cast<const void*>(buffer->half())
+                                                : static_cast<const void*>(buffer->data())) +
+        id * bytes;
     for (int b = 0; b < bytes; b += 64) __builtin_prefetch(row + b, 1);
   }
 }
 
 inline int PartitionOf(int64_t id, int bits) {
-  return bits == 0 ? 0
-                   : static_cast<int>((static_cast<uint64_t>(id) * 0x9E3779B97F4A7C15ull) >>
-                                      (64 - bits));
+  return bits == 0
+             ? 0
+             : static_cast<int>((static_cast<uint64_t>(id) * 0x9E3779B97F4A7C15ull) >> (64 - bits));
 }
 
 // ApplyPartition's per-thread scratch, kept across steps (no allocation per
@@ -185,8 +185,10 @@ void ApplyPartition(TableStep& ts, int64_t begin, int64_t end) {
     const float* src = c[begin + i].grad;
     for (int d = 0; d < dim; ++d) dst[d] += coef * src[d];
   }
-  constexpr size_t kAhead = 4;  // rows are random: fetch them ahead of use (4, 8 and 16 measured alike)
-  for (size_t u = 0; u < std::min(kAhead, uniques.size()); ++u) PrefetchStateRows(*ts.table, uniques[u]);
+  constexpr size_t kAhead =
+      4;  // rows are random: fetch them ahead of use (4, 8 and 16 measured alike)
+  for (size_t u = 0; u < std::min(kAhead, uniques.size()); ++u)
+    PrefetchStateRows(*ts.table, uniques[u]);
   for (size_t u = 0; u < uniques.size(); ++u) {
     if (u + kAhead < uniques.size()) PrefetchStateRows(*ts.table, uniques[u + kAhead]);
     UpdateRow(ts, uniques[u], acc.data() + u * dim, w_old.data(), wide.data());
@@ -197,8 +199,7 @@ void ApplyPartition(TableStep& ts, int64_t begin, int64_t end) {
 }  // namespace
 
 void Engine::ApplyStep(const std::vector<std::unique_ptr<StepPart>>& parts,
-                       const std::vector<float>& dynamic_inputs,
-                       ::tsl::thread::ThreadPool* pool,
+                       const std::vector<float>& dynamic_inputs, ::tsl::thread::ThreadPool* pool,
                        const std::vector<std::vector<uint8_t>>* first,
                        const std::function<void()>& after_first) {
   const int num_tables = tables_.size();
@@ -295,8 +296,9 @@ void Engine::ApplyStep(const std::vector<std::unique_ptr<StepPart>>& parts,
         for (size_t i = 0; i + 1 < ts.partition_starts.size(); ++i) {
           auto begin = ts.contributions.begin() + ts.partition_starts[i];
           auto end = ts.contributions.begin() + ts.partition_starts[i + 1];
-          auto mid = std::stable_partition(
-              begin, end, [&](const Contribution& c) { return marked[c.id] != 0; });
+          auto mid = std::stable_partition(begin, end, [&](const Contribution& c) {
+            return marked[c.id] != 0;
+          });
           mids[t].push_back(mid - ts.contributions.begin());
         }
       }

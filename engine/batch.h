@@ -16,8 +16,8 @@ namespace tf_tpu_emb {
 // One output (feature descriptor of the completed config) of the engine.
 struct OutputSpec {
   int table = 0;
-  std::vector<int64_t> shape;  // input_shape; the Recv output adds [dim]
-  int64_t positions = 0;       // product of shape: bags in the output
+  std::vector<int64_t> shape;            // input_shape; the Recv output adds [dim]
+  int64_t positions = 0;                 // product of shape: bags in the output
   ::tensorflow::TensorShape recv_shape;  // shape + [dim]: Recv's output, Send's gradient
 };
 
@@ -26,7 +26,7 @@ struct OutputSpec {
 struct OutputBatch {
   std::vector<int64_t> offsets;
   std::vector<int64_t> ids;
-  std::vector<float> weights;          // empty: every weight is 1
+  std::vector<float> weights;  // empty: every weight is 1
   // Combiner of bag p is slot_combiners[p % slot_combiners.size()]: in table
   // mode several features with their own combiners interleave in a table.
   std::vector<Combiner> slot_combiners;

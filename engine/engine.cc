@@ -4,8 +4,8 @@
 // leases) and configure (Init: validate and complete the config, reserve
 // the memory budget, allocate tables and slots, fix every per-table setting).
 #include <algorithm>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -101,18 +101,18 @@ absl::Status CheckLeasesLocked(const std::string& name, bool takeover,
     }
     const double idle = SecondsSince(e.renewed);
     if (LeaseRuns(e) && !takeover) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "this host's tables are held by trainer session '", it->first,
-          "' (its last heartbeat was ", Seconds(idle), " ago; its lease of ",
-          Seconds(e.lease_seconds), " ends in ", Seconds(e.lease_seconds - idle),
-          "): shut that trainer's TPUEmbedding down, wait for its lease to end, or "
-          "build with takeover=True"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("this host's tables are held by trainer session '", it->first,
+                       "' (its last heartbeat was ", Seconds(idle), " ago; its lease of ",
+                       Seconds(e.lease_seconds), " ends in ", Seconds(e.lease_seconds - idle),
+                       "): shut that trainer's TPUEmbedding down, wait for its lease to end, or "
+                       "build with takeover=True"));
     }
-    const std::string why =
-        LeaseRuns(e) ? absl::StrCat("it was taken over by trainer session '", name, "'")
-                     : absl::StrCat("its lease of ", Seconds(e.lease_seconds),
-                                    " ended without a heartbeat (for ", Seconds(idle),
-                                    ") and trainer session '", name, "' took the host");
+    const std::string why = LeaseRuns(e)
+                                ? absl::StrCat("it was taken over by trainer session '", name, "'")
+                                : absl::StrCat("its lease of ", Seconds(e.lease_seconds),
+                                               " ended without a heartbeat (for ", Seconds(idle),
+                                               ") and trainer session '", name, "' took the host");
     evicted->push_back(Uninstall(it++, why));
   }
   return absl::OkStatus();
@@ -136,9 +136,9 @@ absl::Status Engine::Current(const std::string& op, Engine** engine, const std::
             "to take the host back) and restore the last checkpoint"));
       }
     }
-    return absl::FailedPreconditionError(absl::StrCat(
-        op, ": ", Label(name), " is not configured; run ConfigureTPUEmbedding",
-        name.empty() ? "" : absl::StrCat(" with engine='", name, "'"), " first"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(op, ": ", Label(name), " is not configured; run ConfigureTPUEmbedding",
+                     name.empty() ? "" : absl::StrCat(" with engine='", name, "'"), " first"));
   }
   it->second.engine->Ref();
   *engine = it->second.engine;
@@ -177,8 +177,8 @@ absl::Status Engine::InstallLeased(EnginePtr engine, const std::string& name,
     // A concurrent configure may have taken the host since EvictLeases.
     status = CheckLeasesLocked(name, /*takeover=*/false, &evicted);
     if (status.ok() && Registry().count(name) != 0) {
-      status = absl::FailedPreconditionError(absl::StrCat(
-          "ConfigureTPUEmbeddingHostShard: ", Label(name), " is already configured"));
+      status = absl::FailedPreconditionError(
+          absl::StrCat("ConfigureTPUEmbeddingHostShard: ", Label(name), " is already configured"));
     }
     if (status.ok()) {
       ForgetGone(name);
@@ -270,9 +270,9 @@ void Engine::InterruptAllWaits(const std::string& reason) {
 
 void Engine::CloseWaits(double grace_seconds) {
   WaitsClosing& closing = WaitsClosing::Get();
-  const auto deadline = DeadlineTimer::Clock::now() +
-                        std::chrono::duration_cast<DeadlineTimer::Clock::duration>(
-                            std::chrono::duration<double>(grace_seconds));
+  const auto deadline =
+      DeadlineTimer::Clock::now() + std::chrono::duration_cast<DeadlineTimer::Clock::duration>(
+                                        std::chrono::duration<double>(grace_seconds));
   closing.grace_seconds = grace_seconds;
   closing.deadline = deadline.time_since_epoch().count();
   closing.closing = true;
@@ -298,12 +298,12 @@ bool Engine::stochastic_rounding() const {
 }
 
 std::string Engine::DebugString() const {
-  return absl::StrCat("tf_tpu_emb engine with ", tables_.size(), " tables, ",
-                      outputs_.size(), " outputs, ", num_replicas_, " replicas");
+  return absl::StrCat("tf_tpu_emb engine with ", tables_.size(), " tables, ", outputs_.size(),
+                      " outputs, ", num_replicas_, " replicas");
 }
 
-absl::Status Engine::ResolveShard(const std::string& op, int t, int num_shards,
-                                  int shard_id, LocalShard* shard) const {
+absl::Status Engine::ResolveShard(const std::string& op, int t, int num_shards, int shard_id,
+                                  LocalShard* shard) const {
   const Table& table = tables_[t];
   if (!host_sharded_) {
     absl::StatusOr<int64_t> rows = NumIdsInShard(table.vocabulary_size, shard_id, num_shards);
@@ -315,11 +315,11 @@ absl::Status Engine::ResolveShard(const std::string& op, int t, int num_shards,
     return absl::OkStatus();
   }
   if (num_shards != num_hosts_ || shard_id != host_id_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        op, ": table '", table.name, "': this engine is host ", host_id_, " of ", num_hosts_,
-        " and holds only shard ", host_id_, " of ", num_hosts_,
-        " of every table; use num_shards=", num_hosts_, ", shard_id=", host_id_,
-        " (got num_shards=", num_shards, ", shard_id=", shard_id, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": table '", table.name, "': this engine is host ", host_id_, " of ",
+                     num_hosts_, " and holds only shard ", host_id_, " of ", num_hosts_,
+                     " of every table; use num_shards=", num_hosts_, ", shard_id=", host_id_,
+                     " (got num_shards=", num_shards, ", shard_id=", shard_id, ")"));
   }
   *shard = {table.vocabulary_size, 1, 0};
   return absl::OkStatus();
@@ -338,8 +338,7 @@ bool Engine::training_by_default() const {
 
 // ---------------------------------------------------------------- creation
 
-absl::Status Engine::Create(const std::string& config_bytes, EnginePtr* engine,
-                            int host_id) {
+absl::Status Engine::Create(const std::string& config_bytes, EnginePtr* engine, int host_id) {
   EnginePtr e(new Engine());
   TF_RETURN_IF_ERROR(e->Init(config_bytes, host_id));
   *engine = std::move(e);
@@ -385,9 +384,10 @@ absl::Status MemoryBudget(int64_t* budget, std::string* source) {
     errno = 0;
     const long long v = std::strtoll(env, &end, 10);
     if (*end != '\0' || errno != 0 || v < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "TF_TPU_EMB_MEMORY_LIMIT_BYTES must be a non-negative integer number of "
-          "bytes, got '", env, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("TF_TPU_EMB_MEMORY_LIMIT_BYTES must be a non-negative integer number of "
+                       "bytes, got '",
+                       env, "'"));
     }
     *budget = v;
     *source = "TF_TPU_EMB_MEMORY_LIMIT_BYTES";
@@ -418,25 +418,23 @@ absl::Status MemoryBudget(int64_t* budget, std::string* source) {
 
 // The bytes of every table's state (parameters and slots) over `rows[t]`
 // rows of table t (this engine's shard); *largest names the biggest three.
-absl::Status StateBytes(const TPUEmbeddingConfiguration& config,
-                        const std::vector<int64_t>& rows, int64_t* total_bytes,
-                        std::string* largest) {
+absl::Status StateBytes(const TPUEmbeddingConfiguration& config, const std::vector<int64_t>& rows,
+                        int64_t* total_bytes, std::string* largest) {
   std::vector<std::pair<int64_t, int>> bytes;  // (bytes, table)
   int64_t total = 0;
   for (int t = 0; t < config.table_descriptor_size(); ++t) {
     absl::StatusOr<int64_t> b = TableStateBytes(config, t, rows[t]);
     if (!b.ok()) return b.status();
     if (!CheckedAdd(total, *b, &total)) {
-      return absl::InvalidArgumentError(
-          "the tables' total size in bytes overflows int64");
+      return absl::InvalidArgumentError("the tables' total size in bytes overflows int64");
     }
     bytes.push_back({*b, t});
   }
   *total_bytes = total;
   std::sort(bytes.begin(), bytes.end(), std::greater<>());
   for (size_t i = 0; i < std::min<size_t>(3, bytes.size()); ++i) {
-    absl::StrAppend(largest, i ? ", " : "", "'",
-                    config.table_descriptor(bytes[i].second).name(), "' ", bytes[i].first);
+    absl::StrAppend(largest, i ? ", " : "", "'", config.table_descriptor(bytes[i].second).name(),
+                    "' ", bytes[i].first);
   }
   return absl::OkStatus();
 }
@@ -465,14 +463,14 @@ absl::Status Engine::ReserveMemory(const std::vector<int64_t>& rows) {
     std::string held;
     if (others > 0) {
       held = limit ? absl::StrCat(" (other live engines hold ", others, " bytes)")
-                   : absl::StrCat(" (other engines being configured now have reserved ",
-                                  others, " bytes not yet allocated)");
+                   : absl::StrCat(" (other engines being configured now have reserved ", others,
+                                  " bytes not yet allocated)");
     }
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "ConfigureTPUEmbedding: the tables and their optimizer slots need ", total,
-        " bytes", held, " but the memory budget is ", budget, " bytes (", source,
-        "); largest tables (bytes): ", largest,
-        ". Set TF_TPU_EMB_MEMORY_LIMIT_BYTES to change the budget."));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("ConfigureTPUEmbedding: the tables and their optimizer slots need ", total,
+                     " bytes", held, " but the memory budget is ", budget, " bytes (", source,
+                     "); largest tables (bytes): ", largest,
+                     ". Set TF_TPU_EMB_MEMORY_LIMIT_BYTES to change the budget."));
   }
   reserved_bytes_ = total;
   reservation_pending_ = true;
@@ -501,19 +499,21 @@ absl::Status Engine::Init(const std::string& config_bytes, int host_id) {
         "TRAINING, or BACKWARD_PASS_ONLY");
   }
   if (SpmdMultipliesOutputs(config_) && config_.spmd_sharding().num_cores_per_replica() != 1) {
-    return absl::UnimplementedError(absl::StrCat(
-        "spmd_sharding with num_cores_per_replica ",
-        config_.spmd_sharding().num_cores_per_replica(),
-        " is not supported by tf_tpu_emb's CPU engine (use 1 core per replica)"));
+    return absl::UnimplementedError(
+        absl::StrCat("spmd_sharding with num_cores_per_replica ",
+                     config_.spmd_sharding().num_cores_per_replica(),
+                     " is not supported by tf_tpu_emb's CPU engine (use 1 core per replica)"));
   }
   num_replicas_ = std::max(1, config_.num_tensor_cores());
   host_sharded_ = host_id >= 0;
   const bool routing_only = host_id == kRoutingOnly;
   if (host_sharded_) {
     if (config_.num_hosts() < 1 || host_id >= config_.num_hosts()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ConfigureTPUEmbeddingHostShard: host_id ", host_id, " is not a host of the config's "
-          "num_hosts ", config_.num_hosts(), "; must be in [0, num_hosts)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("ConfigureTPUEmbeddingHostShard: host_id ", host_id,
+                       " is not a host of the config's "
+                       "num_hosts ",
+                       config_.num_hosts(), "; must be in [0, num_hosts)"));
     }
     num_hosts_ = config_.num_hosts();
     host_id_ = host_id;
@@ -526,8 +526,7 @@ absl::Status Engine::Init(const std::string& config_bytes, int host_id) {
     const auto& desc = config_.table_descriptor(t);
     const std::string label = TableLabel(config_, t);
     if (!desc.name().empty() && !names.insert(desc.name()).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("two tables are named '", desc.name(), "'"));
+      return absl::InvalidArgumentError(absl::StrCat("two tables are named '", desc.name(), "'"));
     }
     const OptimizationParameters& p = desc.optimization_parameters();
     const OptimizerSpec* spec = FindOptimizer(p.parameters_case());
@@ -536,14 +535,13 @@ absl::Status Engine::Init(const std::string& config_bytes, int host_id) {
           absl::StrCat(label, ": No optimization algorithm specified"));
     }
     if (!spec->implemented) {
-      return absl::UnimplementedError(absl::StrCat(
-          label, " uses the ", spec->proto_field,
-          " optimizer, which tf_tpu_emb does not implement"));
+      return absl::UnimplementedError(
+          absl::StrCat(label, " uses the ", spec->proto_field,
+                       " optimizer, which tf_tpu_emb does not implement"));
     }
     if (p.learning_rate().has_dynamic() && p.learning_rate().dynamic().tag() < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          label, " has a negative dynamic learning rate tag ",
-          p.learning_rate().dynamic().tag()));
+          label, " has a negative dynamic learning rate tag ", p.learning_rate().dynamic().tag()));
     }
     CollectDynamicTags(p, *spec, &tags);
     Table& table = tables_[t];
@@ -571,9 +569,10 @@ absl::Status Engine::Init(const std::string& config_bytes, int host_id) {
   int expected = 0;
   for (int tag : tags) {
     if (tag != expected++) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "dynamic learning rate tags must be 0, 1, ..., n-1 without gaps; "
-          "tag ", expected - 1, " is not used"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("dynamic learning rate tags must be 0, 1, ..., n-1 without gaps; "
+                       "tag ",
+                       expected - 1, " is not used"));
     }
   }
 

@@ -43,7 +43,6 @@ class ThreadPool;
 
 namespace tf_tpu_emb {
 
-
 class Engine;
 // The owning handle of an engine that is not installed yet.  The engine is
 // reference counted (a ResourceBase that kernels hold while they run), so it
@@ -61,8 +60,7 @@ class Engine : public ::tensorflow::ResourceBase {
   // completed config, its outputs and tables (whole vocabularies) and the
   // input mappers' checks, but no table storage.
   static constexpr int kRoutingOnly = -2;
-  static absl::Status Create(const std::string& config_bytes, EnginePtr* engine,
-                             int host_id = -1);
+  static absl::Status Create(const std::string& config_bytes, EnginePtr* engine, int host_id = -1);
 
   // The process registry maps an engine name to its engine.  "" is the
   // process's default engine, the one TF's core-named ops address (as on a
@@ -71,8 +69,7 @@ class Engine : public ::tensorflow::ResourceBase {
   //
   // The configured engine called `name` (with a reference the caller owns),
   // or FailedPrecondition naming `op` and the engine when there is none.
-  static absl::Status Current(const std::string& op, Engine** engine,
-                              const std::string& name = "");
+  static absl::Status Current(const std::string& op, Engine** engine, const std::string& name = "");
   // Installs `engine` as `name`; FailedPrecondition when that name is taken.
   static absl::Status Install(EnginePtr engine, const std::string& name = "");
   static bool IsConfigured(const std::string& name = "");
@@ -189,8 +186,7 @@ class Engine : public ::tensorflow::ResourceBase {
   // the kernel's guard; the step is over, rows updated before it keep their
   // update, and waiting Recvs are released.
   absl::Status Submit(int replica, std::vector<::tensorflow::Tensor> gradients,
-                      const std::vector<float>& dynamic_inputs,
-                      ::tsl::thread::ThreadPool* pool);
+                      const std::vector<float>& dynamic_inputs, ::tsl::thread::ThreadPool* pool);
   // The same with the gradient rows of output o at grads[o] (bags x dim
   // floats of the in-flight batch), inside the tensors `keep`.  With
   // `async` (a host's routed Send, engine/routing.h) the update the last Send
@@ -209,8 +205,7 @@ class Engine : public ::tensorflow::ResourceBase {
   // What replica's in-flight training batch needs from a Send: per output
   // the floats of its gradient (bags x dim) and the batch's sequence
   // (routed batches); FailedPrecondition, as Submit, when there is none.
-  absl::Status InFlightGradientFloats(int replica, std::vector<int64_t>* floats,
-                                      int64_t* sequence);
+  absl::Status InFlightGradientFloats(int replica, std::vector<int64_t>* floats, int64_t* sequence);
   // Fails the current step for every replica (a replica's Send was invalid):
   // parts already handed in are dropped and waiting Recvs get the error.
   void AbortStep(const std::string& reason);
@@ -229,15 +224,14 @@ class Engine : public ::tensorflow::ResourceBase {
   bool HasPendingBatch(int replica);
 
   // The fused multi-output lookup: out[o] is float[positions_o * dim_o].
-  void Lookup(const Batch& batch, const std::vector<float*>& out,
-              ::tsl::thread::ThreadPool* pool);
+  void Lookup(const Batch& batch, const std::vector<float*>& out, ::tsl::thread::ThreadPool* pool);
 
  private:
   Engine() = default;
   absl::Status Init(const std::string& config_bytes, int host_id);
 
   TPUEmbeddingConfiguration config_;  // completed (feature descriptors filled)
-  bool table_mode_ = false;  // the user's config had no feature descriptors
+  bool table_mode_ = false;           // the user's config had no feature descriptors
   int num_replicas_ = 1;
   int num_hosts_ = 1, host_id_ = 0;
   bool host_sharded_ = false;  // configured by ConfigureTPUEmbeddingHostShard
@@ -254,10 +248,10 @@ class Engine : public ::tensorflow::ResourceBase {
   // The step being collected: parts_[r] is set once replica r has sent.
   std::vector<std::unique_ptr<StepPart>> parts_;
   int submitted_ = 0;
-  int applying_ = 0;  // updates formed and not yet finished (queued or running)
-  std::vector<std::string> step_errors_;   // per replica, from AbortStep
+  int applying_ = 0;                      // updates formed and not yet finished (queued or running)
+  std::vector<std::string> step_errors_;  // per replica, from AbortStep
   StepBarrier<Batch> step_barrier_{&queue_mu_};  // Recvs waiting, under queue_mu_
-  std::condition_variable applied_cv_;  // applying_ became false (queue_mu_)
+  std::condition_variable applied_cv_;           // applying_ became false (queue_mu_)
   int num_dynamic_ = 0;
   int table_without_learning_rate_ = -1;
   bool check_numerics_ = false;
@@ -296,8 +290,8 @@ class Engine : public ::tensorflow::ResourceBase {
   // lookup sees the whole update of every row it reads, as it would after
   // the whole update; the Recv after it, Load and Retrieve wait for the end.
   std::vector<std::vector<uint8_t>> first_rows_;  // per table, per row: read next
-  std::vector<const Batch*> early_batch_;          // per replica; null: none
-  bool early_ready_ = false;  // the first rows are updated
+  std::vector<const Batch*> early_batch_;         // per replica; null: none
+  bool early_ready_ = false;                      // the first rows are updated
   // Under queue_mu_: whether the starting update can put the next lookups'
   // rows first (sets first_rows_ and early_batch_).
   bool PrepareFirstRowsLocked();

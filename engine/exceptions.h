@@ -23,8 +23,7 @@ absl::Status CatchExceptions(const std::string& op, Fn&& fn) {
     fn();
     return absl::OkStatus();
   } catch (const std::bad_alloc& e) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(op, ": out of memory (", e.what(), ")"));
+    return absl::ResourceExhaustedError(absl::StrCat(op, ": out of memory (", e.what(), ")"));
   } catch (const std::length_error& e) {
     return absl::ResourceExhaustedError(
         absl::StrCat(op, ": a buffer would exceed its maximum size (", e.what(), ")"));

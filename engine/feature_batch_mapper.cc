@@ -31,7 +31,8 @@ class FeatureBatchMapper : public MapperBase {
  public:
   FeatureBatchMapper(std::string op, std::vector<Combiner> combiners, FeatureAttrs attrs,
                      bool ragged)
-      : MapperBase(std::move(op), std::move(combiners)), attrs_(std::move(attrs)),
+      : MapperBase(std::move(op), std::move(combiners)),
+        attrs_(std::move(attrs)),
         ragged_(ragged) {}
 
  protected:
@@ -43,23 +44,25 @@ class FeatureBatchMapper : public MapperBase {
     const std::vector<int32_t>& num_features = attrs_.num_features;
     const int n = in.ids.size();
     if (static_cast<int>(attrs_.table_ids.size()) != n) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          op_, ": table_ids has ", attrs_.table_ids.size(), " entries but there are ", n,
-          " inputs"));
+      return absl::InvalidArgumentError(absl::StrCat(op_, ": table_ids has ",
+                                                     attrs_.table_ids.size(),
+                                                     " entries but there are ", n, " inputs"));
     }
     for (const auto* list : {&max_sequence_lengths, &num_features}) {
       if (!list->empty() && static_cast<int>(list->size()) != n) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            op_, ": max_sequence_lengths and num_features must be empty or have one "
-                 "entry per input (", n, "), got ", list->size()));
+        return absl::InvalidArgumentError(
+            absl::StrCat(op_,
+                         ": max_sequence_lengths and num_features must be empty or have one "
+                         "entry per input (",
+                         n, "), got ", list->size()));
       }
     }
     std::vector<int> tables(attrs_.table_ids.begin(), attrs_.table_ids.end());
     for (int i = 0; i < n; ++i) {
       if (tables[i] < 0 || tables[i] >= e.num_tables()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            op_, ": table_ids[", i, "] = ", tables[i], " is not a table id in [0, ",
-            e.num_tables(), ")"));
+        return absl::InvalidArgumentError(absl::StrCat(op_, ": table_ids[", i, "] = ", tables[i],
+                                                       " is not a table id in [0, ", e.num_tables(),
+                                                       ")"));
       }
     }
     std::vector<Combiner> combiners;
@@ -69,9 +72,10 @@ class FeatureBatchMapper : public MapperBase {
       TF_RETURN_IF_ERROR(CheckPositionalCount(op_, n, e));
       for (int i = 0; i < n; ++i) {
         if (tables[i] != e.outputs()[i].table) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              Describe(op_, e, i, i), ": table_ids[", i, "] = ", tables[i],
-              " but the config's feature ", i, " looks up table ", e.outputs()[i].table));
+          return absl::InvalidArgumentError(absl::StrCat(Describe(op_, e, i, i), ": table_ids[", i,
+                                                         "] = ", tables[i],
+                                                         " but the config's feature ", i,
+                                                         " looks up table ", e.outputs()[i].table));
         }
       }
       auto positions = [this, &e](Who who, int i, const Tensor& idx, const Tensor& ids,
@@ -87,9 +91,9 @@ class FeatureBatchMapper : public MapperBase {
       const int seq = max_sequence_lengths.empty() ? 0 : max_sequence_lengths[i];
       const int nf = num_features.empty() ? 1 : num_features[i];
       if (seq < 0 || nf < 1) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            op_, ": input ", i, " has max_sequence_length ", seq, " and num_features ", nf,
-            "; they must be >= 0 and >= 1"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(op_, ": input ", i, " has max_sequence_length ", seq, " and num_features ",
+                         nf, "; they must be >= 0 and >= 1"));
       }
       width[i] = seq > 0 ? seq : nf;
       offset[i] = used[tables[i]];
@@ -98,10 +102,10 @@ class FeatureBatchMapper : public MapperBase {
     for (int t = 0; t < e.num_tables(); ++t) {
       (*slot_combiners)[t].assign(e.config().table_descriptor(t).num_features(), Combiner::kSum);
       if (used[t] != 0 && used[t] != e.config().table_descriptor(t).num_features()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            op_, ": the inputs of table '", e.config().table_descriptor(t).name(), "' take ",
-            used[t], " rows per sample but the table has num_features ",
-            e.config().table_descriptor(t).num_features()));
+        return absl::InvalidArgumentError(
+            absl::StrCat(op_, ": the inputs of table '", e.config().table_descriptor(t).name(),
+                         "' take ", used[t], " rows per sample but the table has num_features ",
+                         e.config().table_descriptor(t).num_features()));
       }
     }
     for (int i = 0; i < n; ++i) {
@@ -132,8 +136,8 @@ class FeatureBatchMapper : public MapperBase {
         }
         if (sequence) {
           if (within < 0) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                who(), ": negative sequence position ", within, " at index ", k));
+            return absl::InvalidArgumentError(
+                absl::StrCat(who(), ": negative sequence position ", within, " at index ", k));
           }
           place(k, row, within < w_i ? within : -1);
         } else {
@@ -144,15 +148,14 @@ class FeatureBatchMapper : public MapperBase {
       if (idx.NumElements() == 0) {  // dense: one id per row (per position for sequences)
         if (count != 0 && count != batch * w_i) {
           return absl::InvalidArgumentError(absl::StrCat(
-              who(), ": without sample indices there must be ", batch * w_i, " ids, got ",
-              count));
+              who(), ": without sample indices there must be ", batch * w_i, " ids, got ", count));
         }
         for (int64_t k = 0; k < count; ++k) place(k, k / w_i, k % w_i);
       } else if (ragged_) {
         if (idx.dims() != 1 || idx.NumElements() - 1 != rows) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              who(), ": sample_splits must be a vector of ", rows + 1, " row splits, got shape ",
-              idx.shape().DebugString()));
+          return absl::InvalidArgumentError(
+              absl::StrCat(who(), ": sample_splits must be a vector of ", rows + 1,
+                           " row splits, got shape ", idx.shape().DebugString()));
         }
         TF_RETURN_IF_ERROR(CheckSplits(who, idx, count));
         const IntView sv(idx);
@@ -163,14 +166,16 @@ class FeatureBatchMapper : public MapperBase {
       } else {
         const bool matrix = idx.dims() == 2;
         if (idx.dims() < 1 || idx.dims() > 2 || idx.dim_size(0) != count) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              who(), ": sample_indices must be [", count, "] or [", count,
-              ", k] (one row per id), got shape ", idx.shape().DebugString()));
+          return absl::InvalidArgumentError(
+              absl::StrCat(who(), ": sample_indices must be [", count, "] or [", count,
+                           ", k] (one row per id), got shape ", idx.shape().DebugString()));
         }
         if (sequence && (!matrix || idx.dim_size(1) < 2)) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              who(), ": a sequence feature needs [n, 2] sample indices (sample, position), "
-                     "got shape ", idx.shape().DebugString()));
+          return absl::InvalidArgumentError(
+              absl::StrCat(who(),
+                           ": a sequence feature needs [n, 2] sample indices (sample, position), "
+                           "got shape ",
+                           idx.shape().DebugString()));
         }
         const IntView iv(idx);
         for (int64_t k = 0; k < count; ++k) {
@@ -191,10 +196,11 @@ class FeatureBatchMapper : public MapperBase {
   absl::Status FeaturePositions(Who who, const std::vector<int64_t>& shape, const Tensor& idx,
                                 const Tensor& ids, std::vector<int64_t>* pos) const {
     if (ragged_ ? idx.dims() != 1 : (idx.dims() != 1 && idx.dims() != 2)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          who(), ragged_ ? ": sample_splits must have rank 1 (row splits)"
-                         : ": sample_indices must have rank 1 or 2",
-          ", got shape ", idx.shape().DebugString()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(who(),
+                       ragged_ ? ": sample_splits must have rank 1 (row splits)"
+                               : ": sample_indices must have rank 1 or 2",
+                       ", got shape ", idx.shape().DebugString()));
     }
     if (ragged_ || idx.dims() == 2 || idx.NumElements() == 0) {
       return ArbitraryPositions(who, shape, idx, ids, pos);
@@ -202,22 +208,23 @@ class FeatureBatchMapper : public MapperBase {
     const int64_t n = ids.NumElements();
     if (shape.size() != 1) {
       return absl::InvalidArgumentError(absl::StrCat(
-          who(), ": rank-1 sample_indices (sp_ids.indices[:, 0]) give only the sample of "
-                 "each id, but the feature's input_shape has rank ", shape.size(),
-          "; pass [n, ", shape.size(), "] or [n, ", shape.size() + 1, "] indices"));
+          who(),
+          ": rank-1 sample_indices (sp_ids.indices[:, 0]) give only the sample of "
+          "each id, but the feature's input_shape has rank ",
+          shape.size(), "; pass [n, ", shape.size(), "] or [n, ", shape.size() + 1, "] indices"));
     }
     if (idx.NumElements() != n) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          who(), ": sample_indices has ", idx.NumElements(), " elements but there are ", n,
-          " embedding ids"));
+      return absl::InvalidArgumentError(absl::StrCat(who(), ": sample_indices has ",
+                                                     idx.NumElements(), " elements but there are ",
+                                                     n, " embedding ids"));
     }
     const IntView iv(idx);
     pos->resize(n);
     for (int64_t k = 0; k < n; ++k) {
       const int64_t v = iv[k];
       if (v < 0 || v >= shape[0]) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            who(), ": sample index ", v, " at index ", k, " is outside [0, ", shape[0], ")"));
+        return absl::InvalidArgumentError(absl::StrCat(who(), ": sample index ", v, " at index ", k,
+                                                       " is outside [0, ", shape[0], ")"));
       }
       (*pos)[k] = v;
     }
@@ -234,8 +241,8 @@ class FeatureBatchMapper : public MapperBase {
 std::unique_ptr<InputMapper> InputMapper::FeatureBatch(std::string op,
                                                        std::vector<Combiner> combiners,
                                                        FeatureAttrs attrs, bool ragged) {
-  return std::make_unique<FeatureBatchMapper>(std::move(op), std::move(combiners),
-                                              std::move(attrs), ragged);
+  return std::make_unique<FeatureBatchMapper>(std::move(op), std::move(combiners), std::move(attrs),
+                                              ragged);
 }
 
 }  // namespace tf_tpu_emb

@@ -32,8 +32,8 @@ namespace tf_tpu_emb {
 // KeyboardInterrupt for the main thread, and then ends every present wait with
 // Cancelled -- the step fails at once and the engine is left as a timeout
 // leaves it.  Python raises the KeyboardInterrupt once TensorFlow's error is
-// out of C++ (raising it while TF's error is being converted garbles both).  With no Recv waiting the
-// handler hands the signal straight to the previous handler (Python's).
+// out of C++ (raising it while TF's error is being converted garbles both).  With no Recv waiting
+// the handler hands the signal straight to the previous handler (Python's).
 
 namespace {
 

@@ -54,8 +54,8 @@ struct RowStream {
 // Bags [lo_bag, hi_bag) of output o, rows of type T.
 template <typename T>
 TF_TPU_EMB_INLINE_INTO_CLONES void LookupBags(const Table& table, const T* base,
-                                              const OutputBatch& ob, int64_t lo_bag,
-                                              int64_t hi_bag, float* out) {
+                                              const OutputBatch& ob, int64_t lo_bag, int64_t hi_bag,
+                                              float* out) {
   const int dim = table.dimension;
   RowStream<T> stream;
   stream.Reset(base, dim, ob.ids.data(), ob.offsets[lo_bag], ob.offsets[hi_bag]);

@@ -31,11 +31,11 @@ using ::tensorflow::Tensor;
 class IntView {
  public:
   explicit IntView(const Tensor& t)
-      : data_(t.tensor_data().data()), is64_(t.dtype() == DT_INT64),
+      : data_(t.tensor_data().data()),
+        is64_(t.dtype() == DT_INT64),
         cols_(t.dims() == 2 ? t.dim_size(1) : 1) {}
   int64_t operator[](int64_t i) const {
-    return is64_ ? static_cast<const int64_t*>(data_)[i]
-                 : static_cast<const int32_t*>(data_)[i];
+    return is64_ ? static_cast<const int64_t*>(data_)[i] : static_cast<const int32_t*>(data_)[i];
   }
   // Element (row, col) of a rank-2 tensor.
   int64_t operator()(int64_t row, int64_t col) const { return (*this)[row * cols_ + col]; }
@@ -107,9 +107,8 @@ absl::Status CheckWeights(Who who, const Tensor& ids, const Tensor& weights);
 absl::Status CheckSplits(Who who, const Tensor& splits, int64_t n);
 // Positions of a feature whose output has `shape` (bags laid out
 // row-major), for COO indices, row splits or dense ids (see README).
-absl::Status ArbitraryPositions(Who who, const std::vector<int64_t>& shape,
-                                const Tensor& splits, const Tensor& ids,
-                                std::vector<int64_t>* pos);
+absl::Status ArbitraryPositions(Who who, const std::vector<int64_t>& shape, const Tensor& splits,
+                                const Tensor& ids, std::vector<int64_t>* pos);
 
 // The parts every mapper shares: combiners per input, positional inputs,
 // the id check and the CSR assembly.  A mapper only says where each input
@@ -164,9 +163,9 @@ class MapperBase : public InputMapper {
     if (k == 0) return absl::OkStatus();
     const bool per_input = k == n && (inputs_first || k != e.num_tables());
     if (!per_input && k != e.num_tables()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          op_, ": ", k, " combiners given; expected 0, one per input (", n,
-          ") or one per table (", e.num_tables(), ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(op_, ": ", k, " combiners given; expected 0, one per input (", n,
+                       ") or one per table (", e.num_tables(), ")"));
     }
     for (int i = 0; i < n; ++i) (*out)[i] = combiners_[per_input ? i : input_tables[i]];
     return absl::OkStatus();
@@ -221,9 +220,9 @@ class MapperBase : public InputMapper {
         for (int64_t k = 0; k < n; ++k) {
           const int64_t id = ids[k];
           if (id < 0 || id >= vocab) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                Describe(op_, e, i, s.output), ": embedding id ", id, " at index ", k,
-                " is outside the table's vocabulary [0, ", vocab, ")"));
+            return absl::InvalidArgumentError(
+                absl::StrCat(Describe(op_, e, i, s.output), ": embedding id ", id, " at index ", k,
+                             " is outside the table's vocabulary [0, ", vocab, ")"));
           }
         }
       }
@@ -231,9 +230,9 @@ class MapperBase : public InputMapper {
         const FloatView weights(*s.weights);
         for (int64_t k = 0; k < n; ++k) {
           if (!std::isfinite(weights[k])) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                Describe(op_, e, i, s.output), ": aggregation weight at index ", k,
-                " is not finite"));
+            return absl::InvalidArgumentError(absl::StrCat(Describe(op_, e, i, s.output),
+                                                           ": aggregation weight at index ", k,
+                                                           " is not finite"));
           }
         }
       }
@@ -284,7 +283,8 @@ class MapperBase : public InputMapper {
       OutputBatch& ob = batch->outputs[o];
       ob.slot_combiners = std::move(slot_combiners[o]);
       if (ob.slot_combiners.empty()) ob.slot_combiners.push_back(Combiner::kSum);
-      if (feeding[o].size() == 1 && AssembleInOrder(*feeding[o][0], e.outputs()[o].positions, &ob)) {
+      if (feeding[o].size() == 1 &&
+          AssembleInOrder(*feeding[o][0], e.outputs()[o].positions, &ob)) {
         return absl::OkStatus();
       }
       ob.offsets.assign(e.outputs()[o].positions + 1, 0);

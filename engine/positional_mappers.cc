@@ -3,8 +3,6 @@
 // the feature-oriented SparseTensor/RaggedTensorBatch mapper is in
 // engine/feature_batch_mapper.cc, the hosts' mapper of routed batches in
 // engine/routed_mapper.cc.
-#include "engine/input_mappers.h"
-
 #include <memory>
 #include <string>
 #include <utility>
@@ -12,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/engine.h"
+#include "engine/input_mappers.h"
 #include "engine/mapper_base.h"
 
 namespace tf_tpu_emb {
@@ -44,9 +43,9 @@ class IntegerBatchMapper : public MapperBase {
       s.ids = w.in.ids[i];
       const int64_t positions = e.outputs()[i].positions;
       if (s.ids->NumElements() != positions) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            Describe(op_, e, i, i), ": expected one id per output row (", positions, "), got ",
-            s.ids->NumElements()));
+        return absl::InvalidArgumentError(absl::StrCat(Describe(op_, e, i, i),
+                                                       ": expected one id per output row (",
+                                                       positions, "), got ", s.ids->NumElements()));
       }
       s.positions.resize(positions);
       for (int64_t k = 0; k < positions; ++k) s.positions[k] = k;
@@ -70,18 +69,18 @@ class SparseBatchMapper : public MapperBase {
       const int64_t count = ids.NumElements();
       const int64_t rows = w.e.outputs()[i].positions;
       if (idx.NumElements() != count) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            who(), ": sample_indices has ", idx.NumElements(), " elements but there are ",
-            count, " embedding ids"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(who(), ": sample_indices has ", idx.NumElements(),
+                         " elements but there are ", count, " embedding ids"));
       }
       pos->resize(count);
       const IntView iv(idx);
       for (int64_t k = 0; k < count; ++k) {
         const int64_t p = iv[k];
         if (p < 0 || p >= rows) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              who(), ": sample index ", p, " at index ", k, " is outside [0, ", rows,
-              ") (batch_size * num_features rows)"));
+          return absl::InvalidArgumentError(absl::StrCat(who(), ": sample index ", p, " at index ",
+                                                         k, " is outside [0, ", rows,
+                                                         ") (batch_size * num_features rows)"));
         }
         (*pos)[k] = p;
       }

@@ -70,27 +70,30 @@ class RoutedMapper : public InputMapper {
     const int64_t fixed = (packed::kHeaderWords + packed::kOutputWords * int64_t{outputs}) * 8;
     int64_t h[packed::kHeaderWords];
     if (size < packed::kHeaderWords * 8) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          op_, ": the packed batch has ", size, " bytes; not a batch made by "
-          "RouteTPUEmbeddingArbitraryTensorBatch"));
+      return absl::InvalidArgumentError(absl::StrCat(op_, ": the packed batch has ", size,
+                                                     " bytes; not a batch made by "
+                                                     "RouteTPUEmbeddingArbitraryTensorBatch"));
     }
     std::memcpy(h, data, sizeof h);
     if (h[0] != packed::kMagic || h[1] != packed::kVersion) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          op_, ": not a packed batch of this tf_tpu_emb version (made by "
-          "RouteTPUEmbeddingArbitraryTensorBatch of the same library on the worker)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(op_,
+                       ": not a packed batch of this tf_tpu_emb version (made by "
+                       "RouteTPUEmbeddingArbitraryTensorBatch of the same library on the worker)"));
     }
     const bool filter = h[6] == 1;
     if (h[2] != e.num_hosts() || (filter ? h[3] != -1 : h[3] != e.host_id())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          op_, ": the batch was routed for host ", h[3], " of ", h[2], " but this engine is host ",
-          e.host_id(), " of ", e.num_hosts(), " (ConfigureTPUEmbeddingHostShard)"));
+      return absl::InvalidArgumentError(absl::StrCat(op_, ": the batch was routed for host ", h[3],
+                                                     " of ", h[2], " but this engine is host ",
+                                                     e.host_id(), " of ", e.num_hosts(),
+                                                     " (ConfigureTPUEmbeddingHostShard)"));
     }
-    if (h[4] != outputs || (h[5] != 0 && h[5] != 1) || (h[6] != 0 && h[6] != 1) ||
-        size < fixed) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          op_, ": the batch has ", h[4], " outputs (", size, " bytes) but the engine's config "
-          "has ", outputs));
+    if (h[4] != outputs || (h[5] != 0 && h[5] != 1) || (h[6] != 0 && h[6] != 1) || size < fixed) {
+      return absl::InvalidArgumentError(absl::StrCat(op_, ": the batch has ", h[4], " outputs (",
+                                                     size,
+                                                     " bytes) but the engine's config "
+                                                     "has ",
+                                                     outputs));
     }
     v->training = h[5] == 1;
     v->filter = filter;
@@ -104,10 +107,11 @@ class RoutedMapper : public InputMapper {
       if ((part.form != packed::kBags && part.form != packed::kRows) || part.bags < 0 ||
           part.ids < 0 || part.bags > limit || part.ids > limit ||
           (part.flags & ~int64_t{packed::kWeights | packed::kScales | packed::kIds64}) != 0 ||
-          (part.form == packed::kRows && (part.bags != part.ids || filter ||
-                                         (part.flags & ~int64_t{packed::kIds64}) != 0))) {
-        return Error(e, o, absl::StrCat("bad layout (form ", part.form, ", ", part.bags,
-                                        " bags, ", part.ids, " ids, flags ", part.flags, ")"));
+          (part.form == packed::kRows &&
+           (part.bags != part.ids || filter || (part.flags & ~int64_t{packed::kIds64}) != 0))) {
+        return Error(e, o,
+                     absl::StrCat("bad layout (form ", part.form, ", ", part.bags, " bags, ",
+                                  part.ids, " ids, flags ", part.flags, ")"));
       }
       part.at = data + at;
       at += PayloadBytes(static_cast<packed::Form>(part.form), part.bags, part.ids, part.flags);
@@ -115,8 +119,8 @@ class RoutedMapper : public InputMapper {
       v->parts.push_back(part);
     }
     if (at != size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          op_, ": the packed batch has ", size, " bytes; its layout says ", at));
+      return absl::InvalidArgumentError(
+          absl::StrCat(op_, ": the packed batch has ", size, " bytes; its layout says ", at));
     }
     return absl::OkStatus();
   }
@@ -169,8 +173,9 @@ class RoutedMapper : public InputMapper {
       return ok;
     });
     if (!in_range) {
-      return Error(e, o, absl::StrCat("an id is outside the ", rows,
-                                      v.filter ? " rows of the table" : " rows this host holds"));
+      return Error(e, o,
+                   absl::StrCat("an id is outside the ", rows,
+                                v.filter ? " rows of the table" : " rows this host holds"));
     }
     auto finite = [](const float* x, int64_t n) {
       bool ok = true;

@@ -45,7 +45,6 @@ namespace {
 
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 
-
 std::mutex g_routers_mu;
 std::map<std::string, std::shared_ptr<Router>>& Routers() {
   static auto* routers = new std::map<std::string, std::shared_ptr<Router>>();
@@ -57,8 +56,8 @@ std::map<std::string, std::shared_ptr<Router>>& Routers() {
 // over its table (core/bag.h, same order and the same CPU dispatch, so the
 // same arithmetic).
 TF_TPU_EMB_CPU_DISPATCH
-void CombineRows(const float* rows, int dim, const OutputBatch& ob,
-                 const int64_t* row_of_id, float* out) {
+void CombineRows(const float* rows, int dim, const OutputBatch& ob, const int64_t* row_of_id,
+                 float* out) {
   const int64_t bags = ob.offsets.size() - 1;
   const auto identity = [](float x) { return x; };
   const auto none = [](int64_t) {};
@@ -66,11 +65,10 @@ void CombineRows(const float* rows, int dim, const OutputBatch& ob,
     const int64_t lo = ob.offsets[p], n = ob.offsets[p + 1] - lo;
     const Combiner c = ob.slot_combiners[p % ob.slot_combiners.size()];
     if (ob.weights.empty()) {
-      ReduceBagWith<false>(rows, dim, row_of_id + lo, nullptr, n, c, out + p * dim, identity,
-                           none);
+      ReduceBagWith<false>(rows, dim, row_of_id + lo, nullptr, n, c, out + p * dim, identity, none);
     } else {
-      ReduceBagWith<true>(rows, dim, row_of_id + lo, ob.weights.data() + lo, n, c,
-                          out + p * dim, identity, none);
+      ReduceBagWith<true>(rows, dim, row_of_id + lo, ob.weights.data() + lo, n, c, out + p * dim,
+                          identity, none);
     }
   }
 }
@@ -105,9 +103,10 @@ absl::Status Router::Get(const std::string& name, const std::string& config,
   const auto it = routers.find(name);
   if (it != routers.end()) {
     if (it->second->config_ != config) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the embedding router '", name, "' routes the batches of another config; shut it "
-          "down (ShutdownTPUEmbeddingRouter) before routing for a new one"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("the embedding router '", name,
+                       "' routes the batches of another config; shut it "
+                       "down (ShutdownTPUEmbeddingRouter) before routing for a new one"));
     }
     *out = it->second;
     return absl::OkStatus();
@@ -144,9 +143,9 @@ void Router::Drop(const std::string& name) {
 absl::Status Router::Push(int replica, std::unique_ptr<RoutePlan> plan) {
   std::lock_guard<std::mutex> lock(mu_);
   if (replica < 0 || replica >= static_cast<int>(queues_.size())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "replica ", replica, " is out of range: the config has ", queues_.size(),
-        " tensor core(s) (num_tensor_cores)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("replica ", replica, " is out of range: the config has ", queues_.size(),
+                     " tensor core(s) (num_tensor_cores)"));
   }
   queues_[replica].push_back(std::move(plan));
   return absl::OkStatus();
@@ -160,7 +159,8 @@ absl::Status Router::Pop(int replica, int64_t sequence, std::unique_ptr<RoutePla
     return absl::FailedPreconditionError(absl::StrCat(
         "the embedding hosts answered routed batch #", sequence, " of replica ", replica,
         ", which this worker did not route (or already combined): were the hosts' engines "
-        "used by another worker process as replica ", replica, "?"));
+        "used by another worker process as replica ",
+        replica, "?"));
   }
   *plan = std::move(queue.front());
   queue.pop_front();
@@ -212,8 +212,8 @@ void Router::PlanOutput(int o, bool host_filter, bool training, RoutePlan* plan)
   if (!all_sum) {
     for (int64_t p = 0; p < bags; ++p) {
       const int64_t lo = ob.offsets[p];
-      r.scale[p] = BagScale(ob.slot_combiners[p % ob.slot_combiners.size()],
-                            w ? w + lo : nullptr, ob.offsets[p + 1] - lo);
+      r.scale[p] = BagScale(ob.slot_combiners[p % ob.slot_combiners.size()], w ? w + lo : nullptr,
+                            ob.offsets[p + 1] - lo);
     }
   }
   r.scales = training && !all_sum;
@@ -416,18 +416,23 @@ absl::Status Router::Pack(const RoutePlan& plan, const std::vector<char*>& out,
   const int hosts = plan.host_filter ? 1 : num_hosts_;
   for (int k = 0; k < hosts; ++k) {
     int64_t* h = reinterpret_cast<int64_t*>(out[k]);
-    const int64_t header[packed::kHeaderWords] = {
-        packed::kMagic, packed::kVersion, num_hosts_, plan.host_filter ? -1 : k, outputs,
-        plan.batch.training ? 1 : 0, plan.host_filter ? 1 : 0, plan.sequence};
+    const int64_t header[packed::kHeaderWords] = {packed::kMagic,
+                                                  packed::kVersion,
+                                                  num_hosts_,
+                                                  plan.host_filter ? -1 : k,
+                                                  outputs,
+                                                  plan.batch.training ? 1 : 0,
+                                                  plan.host_filter ? 1 : 0,
+                                                  plan.sequence};
     std::memcpy(h, header, sizeof header);
     for (int o = 0; o < outputs; ++o) {
       const RoutedOutput& r = plan.outputs[o];
       const OutputBatch& ob = plan.batch.outputs[o];
       int64_t* meta = h + packed::kHeaderWords + packed::kOutputWords * o;
-      const int64_t flags = (r.ids64 ? packed::kIds64 : 0) |
-                            (r.form == packed::kBags && !ob.weights.empty() ? packed::kWeights
-                                                                            : 0) |
-                            (r.form == packed::kBags && r.scales ? packed::kScales : 0);
+      const int64_t flags =
+          (r.ids64 ? packed::kIds64 : 0) |
+          (r.form == packed::kBags && !ob.weights.empty() ? packed::kWeights : 0) |
+          (r.form == packed::kBags && r.scales ? packed::kScales : 0);
       if (plan.host_filter) {
         meta[0] = packed::kBags, meta[1] = ob.offsets.size() - 1, meta[2] = ob.ids.size();
       } else if (r.form == packed::kRows) {
@@ -548,8 +553,7 @@ absl::Status Router::Combine(const RoutePlan& plan, const std::vector<const floa
 }
 
 absl::Status Router::Split(const RoutePlan& plan, const std::vector<const float*>& grads,
-                           const std::vector<float*>& out,
-                           ::tsl::thread::ThreadPool* pool) const {
+                           const std::vector<float*>& out, ::tsl::thread::ThreadPool* pool) const {
   // Per table: its outputs in order (a row's gradient sums them in order).
   return ParallelForStatus(pool, table_outputs_.size(), [&](int t) {
     for (int o : table_outputs_[t]) {

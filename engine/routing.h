@@ -114,11 +114,11 @@ inline constexpr int kRecheckSteps = 16;
 struct RoutedOutput {
   packed::Form form = packed::kBags;
   int64_t dim = 0;
-  bool ids64 = false;    // some host's ids (local rows) need 64 bits
-  bool scales = false;   // bags form: the hosts get bag scales (training, not "sum")
-  std::vector<float> scale;       // per bag of the global batch: its combiner scale
-  std::vector<int32_t> owner;     // per id: its host (empty on one host)
-  std::vector<int64_t> local;     // per id: its local row
+  bool ids64 = false;          // some host's ids (local rows) need 64 bits
+  bool scales = false;         // bags form: the hosts get bag scales (training, not "sum")
+  std::vector<float> scale;    // per bag of the global batch: its combiner scale
+  std::vector<int32_t> owner;  // per id: its host (empty on one host)
+  std::vector<int64_t> local;  // per id: its local row
   // bags form: per host, the positions of the bags it holds ids of, and
   // the number of those ids.
   std::vector<std::vector<int64_t>> bags;
@@ -182,8 +182,7 @@ class Router {
   absl::Status Pop(int replica, int64_t sequence, std::unique_ptr<RoutePlan>* plan);
   void SetInFlight(int replica, std::unique_ptr<RoutePlan> plan);
   // The in-flight training plan (FailedPrecondition otherwise), released.
-  absl::Status TakeInFlight(const std::string& op, int replica,
-                            std::unique_ptr<RoutePlan>* plan);
+  absl::Status TakeInFlight(const std::string& op, int replica, std::unique_ptr<RoutePlan>* plan);
 
   // The replica's activations (out[o]: Recv's output o) from the hosts'
   // Recv outputs (`host[k]`: plan.host_floats[k] floats).
@@ -199,8 +198,8 @@ class Router {
   EnginePtr engine_;
   std::string config_;
   int num_hosts_ = 1;
-  std::vector<FastShardLayout> layouts_;  // per table
-  std::vector<bool> per_id_updates_;   // per table: no gradient accumulation
+  std::vector<FastShardLayout> layouts_;         // per table
+  std::vector<bool> per_id_updates_;             // per table: no gradient accumulation
   std::vector<std::vector<int>> table_outputs_;  // per table: its outputs, in order
   // Per table: batches left before bags, the last choice, is checked again.
   std::unique_ptr<std::atomic<int>[]> bags_for_;

@@ -94,10 +94,10 @@ std::string Engine::RecvWaitingFor(int replica) const {
     }
     return absl::StrCat(
         "RecvTPUEmbeddingActivations on replica ", replica,
-        applying_ ? " waited for the previous training step to be applied"
-                  : absl::StrCat(" waited for the previous step's gradients from replica(s) ",
-                                 missing, " (of ", num_replicas_,
-                                 ", num_tensor_cores), which never sent them"));
+        applying_
+            ? " waited for the previous training step to be applied"
+            : absl::StrCat(" waited for the previous step's gradients from replica(s) ", missing,
+                           " (of ", num_replicas_, ", num_tensor_cores), which never sent them"));
   }
   if (!ahead_[replica].empty()) {
     return absl::StrCat("RecvTPUEmbeddingActivations on replica ", replica,
@@ -118,8 +118,9 @@ bool Engine::Recv(int replica, absl::Status* status, Batch* batch, RecvResume la
       *status = Resolve(replica, batch);
       return true;
     }
-    if (step_barrier_.Wait(replica, std::move(later),
-                           [this, replica] { return RecvWaitingFor(replica); }, status)) {
+    if (step_barrier_.Wait(
+            replica, std::move(later), [this, replica] { return RecvWaitingFor(replica); },
+            status)) {
       return false;
     }
   }
@@ -358,8 +359,9 @@ absl::Status Engine::Submit(int replica, std::vector<::tensorflow::Tensor> keep,
       // step forms only after the previous deferred update has started
       // (each replica's Recv in between started or waited for it).
       if (!deferred_.empty()) {
-        return absl::InternalError("SendTPUEmbeddingGradients: a step formed while the "
-                                   "previous step's deferred update had not started");
+        return absl::InternalError(
+            "SendTPUEmbeddingGradients: a step formed while the "
+            "previous step's deferred update had not started");
       }
       deferred_ = std::move(parts);
       deferred_rates_ = dynamic_inputs;

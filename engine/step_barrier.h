@@ -154,9 +154,9 @@ class StepBarrier {
     errno = 0;
     const double s = std::strtod(env, &end);
     if (*end != '\0' || errno != 0 || !(s > 0) || !(s <= kMaxTimeoutSeconds)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          kTimeoutVariable, " must be a number of seconds in (0, ", kMaxTimeoutSeconds,
-          "], got '", env, "'"));
+      return absl::InvalidArgumentError(absl::StrCat(kTimeoutVariable,
+                                                     " must be a number of seconds in (0, ",
+                                                     kMaxTimeoutSeconds, "], got '", env, "'"));
     }
     return s;
   }
@@ -176,8 +176,7 @@ class StepBarrier {
   // caller must not hold `mu` in that case: Wait returns false and the
   // caller runs the returned status itself).  Returns false, and sets
   // *cancelled, when the barrier is already cancelled.
-  bool Wait(int key, Resume resume, std::function<std::string()> waiting,
-            absl::Status* cancelled) {
+  bool Wait(int key, Resume resume, std::function<std::string()> waiting, absl::Status* cancelled) {
     if (cancelled_) {
       *cancelled = absl::CancelledError(absl::StrCat(reason_, "; ", waiting()));
       return false;
@@ -187,9 +186,9 @@ class StepBarrier {
     w->resume = std::move(resume);
     w->waiting = std::move(waiting);
     std::list<std::shared_ptr<Waiter>> node{w};  // allocated before anything is registered
-    auto deadline = DeadlineTimer::Clock::now() +
-                    std::chrono::duration_cast<DeadlineTimer::Clock::duration>(
-                        std::chrono::duration<double>(timeout_seconds_));
+    auto deadline =
+        DeadlineTimer::Clock::now() + std::chrono::duration_cast<DeadlineTimer::Clock::duration>(
+                                          std::chrono::duration<double>(timeout_seconds_));
     if (WaitsClosing::Get().closing.load()) {
       deadline = std::min(deadline, WaitsClosing::Get().Deadline());
     }

@@ -19,9 +19,10 @@ absl::Status FloatBuffer::Allocate(int64_t num_floats, float fill, bool bf16) {
   size_t rounded;
   if (num_floats < 0 || !CheckedMul(std::max<int64_t>(num_floats, 1), element, &bytes) ||
       !huge_pages::RoundUp(static_cast<size_t>(bytes), &rounded)) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "cannot allocate ", num_floats, " floats for an embedding table: the byte count "
-        "overflows int64"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", num_floats,
+                     " floats for an embedding table: the byte count "
+                     "overflows int64"));
   }
   void* p = huge_pages::Allocate(rounded);
   if (p == nullptr) {
@@ -43,9 +44,9 @@ absl::Status ReadStorageFromEnvironment(std::vector<Table>* tables) {
     return absl::OkStatus();
   }
   auto invalid = [&](const std::string& why) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "TF_TPU_EMB_STORAGE='", setting, "': ", why,
-        " (expected a comma list of fp32 / bf16 / TABLE=fp32 / TABLE=bf16)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("TF_TPU_EMB_STORAGE='", setting, "': ", why,
+                     " (expected a comma list of fp32 / bf16 / TABLE=fp32 / TABLE=bf16)"));
   };
   auto kind = [](const std::string& k, bool* bf16) {
     if (k != "fp32" && k != "bf16") return false;
@@ -75,8 +76,8 @@ absl::Status ReadStorageFromEnvironment(std::vector<Table>* tables) {
   for (const auto& [name, bf16] : per_table) {
     if (std::none_of(tables->begin(), tables->end(),
                      [&](const Table& t) { return t.name == name; })) {
-      return invalid(absl::StrCat("names table '", name,
-                                  "', which the configuration does not have"));
+      return invalid(
+          absl::StrCat("names table '", name, "', which the configuration does not have"));
     }
   }
   for (Table& t : *tables) {
@@ -89,18 +90,22 @@ absl::Status ReadStorageFromEnvironment(std::vector<Table>* tables) {
 UpdateSettings ReadUpdateSettings(const OptimizationParameters& p, const OptimizerSpec& spec) {
   UpdateSettings s;
   spec.read(p, &s.hp);
-  s.has_learning_rate =
-      p.learning_rate().learning_rate_case() != ::tensorflow::tpu::LearningRate::LEARNING_RATE_NOT_SET;
+  s.has_learning_rate = p.learning_rate().learning_rate_case() !=
+                        ::tensorflow::tpu::LearningRate::LEARNING_RATE_NOT_SET;
   s.lr_tag = p.learning_rate().has_dynamic() ? p.learning_rate().dynamic().tag() : -1;
   s.lr_constant = p.learning_rate().constant();
   s.weight_decay = p.weight_decay_factor();
   s.decay_times_lr = p.multiply_weight_decay_factor_by_learning_rate();
   const auto& gc = p.gradient_clipping_limits();
-  s.clip_g_lo = gc.has_lower(); s.g_lo = gc.lower().value();
-  s.clip_g_hi = gc.has_upper(); s.g_hi = gc.upper().value();
+  s.clip_g_lo = gc.has_lower();
+  s.g_lo = gc.lower().value();
+  s.clip_g_hi = gc.has_upper();
+  s.g_hi = gc.upper().value();
   const auto& wc = p.clipping_limits();
-  s.clip_w_lo = wc.has_lower(); s.w_lo = wc.lower().value();
-  s.clip_w_hi = wc.has_upper(); s.w_hi = wc.upper().value();
+  s.clip_w_lo = wc.has_lower();
+  s.w_lo = wc.lower().value();
+  s.clip_w_hi = wc.has_upper();
+  s.w_hi = wc.upper().value();
   s.accumulate = UsesGradientAccumulation(p);
   s.non_lazy = spec.non_lazy(p);
   return s;

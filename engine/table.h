@@ -44,15 +44,15 @@ class FloatBuffer {
 // What the backward step of a table reads from its OptimizationParameters,
 // read once at configure (the step only binds its dynamic inputs).
 struct UpdateSettings {
-  HyperParams hp{};             // the optimizer's hyper-parameters
-  int lr_tag = -1;              // dynamic learning rate tag, or -1: lr_constant
+  HyperParams hp{};  // the optimizer's hyper-parameters
+  int lr_tag = -1;   // dynamic learning rate tag, or -1: lr_constant
   float lr_constant = 0;
   float weight_decay = 0;       // weight_decay_factor
   bool decay_times_lr = false;  // multiply_weight_decay_factor_by_learning_rate
   bool clip_g_lo = false, clip_g_hi = false, clip_w_lo = false, clip_w_hi = false;
   float g_lo = 0, g_hi = 0, w_lo = 0, w_hi = 0;
-  bool accumulate = true;       // gradient accumulation (sum per row, then update)
-  bool non_lazy = false;        // rows the step did not touch see g = 0
+  bool accumulate = true;         // gradient accumulation (sum per row, then update)
+  bool non_lazy = false;          // rows the step did not touch see g = 0
   bool has_learning_rate = true;  // false: Send refuses the table
 };
 

@@ -17,8 +17,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "core/sparsecore_optimizers.gen.h"
 #include "core/sparsecore.h"
+#include "core/sparsecore_optimizers.gen.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -29,7 +29,7 @@ namespace {
 
 using sparsecore::RoundUp;
 constexpr int64_t kAlign = sparsecore::kXlaPadSize;  // segments start 8-aligned
-constexpr int64_t kMaxCount = 1 << 16;  // devices, SparseCores a device
+constexpr int64_t kMaxCount = 1 << 16;               // devices, SparseCores a device
 
 ffi::Error Invalid(const std::string& msg) {
   return ffi::Error(ffi::ErrorCode::kInvalidArgument, msg);
@@ -68,13 +68,13 @@ struct CsrWalk {
   const int32_t* sample_ids;
   const float* gains;
   int64_t ids_size;
-  int64_t sources;        // devices whose buffers are concatenated
-  int64_t num_sc;         // SparseCores per device
-  int64_t global_sc;      // SparseCores in all: shards of a table
-  int64_t batch_per_sc;   // B: samples per SparseCore
-  int64_t shard_rows;     // R: rows of one shard
-  int64_t first_shard;    // global SparseCore of the table operand's first shard
-  int64_t table_shards;   // shards in the table operand
+  int64_t sources;                           // devices whose buffers are concatenated
+  int64_t num_sc;                            // SparseCores per device
+  int64_t global_sc;                         // SparseCores in all: shards of a table
+  int64_t batch_per_sc;                      // B: samples per SparseCore
+  int64_t shard_rows;                        // R: rows of one shard
+  int64_t first_shard;                       // global SparseCore of the table operand's first shard
+  int64_t table_shards;                      // shards in the table operand
   const int32_t* num_minibatches = nullptr;  // per source; null: no minibatching
 
   // Calls visit(const Id&) for each id in buffer order (source, local
@@ -98,8 +98,9 @@ struct CsrWalk {
     const int64_t group =
         minibatching ? RoundUp(global_sc, kAlign) : row_pointers_size / (sources * num_sc);
     if (group < global_sc) {
-      return Invalid("lhs_row_pointers: " + Str(group) + " entries per SparseCore, fewer than the " +
-                     Str(global_sc) + " SparseCores that shard the table");
+      return Invalid("lhs_row_pointers: " + Str(group) +
+                     " entries per SparseCore, fewer than the " + Str(global_sc) +
+                     " SparseCores that shard the table");
     }
     const int64_t ids_per_src = ids_size / sources;
     const int64_t slice = minibatching ? ids_per_src : ids_size / (sources * num_sc);
@@ -233,9 +234,19 @@ ffi::Error LookupImpl(ffi::Buffer<ffi::S32> rp, ffi::Buffer<ffi::S32> ids,
   if (minibatching && Count(num_minibatches) != 1) {
     return Invalid("num_minibatches_per_physical_sparse_core: not a scalar");
   }
-  CsrWalk walk{rp.typed_data(), Count(rp), ids.typed_data(), samples.typed_data(),
-               gains.typed_data(), Count(ids), 1, num_sc, global_sc, batch / num_sc,
-               tdims[0] / global_sc, 0, global_sc,
+  CsrWalk walk{rp.typed_data(),
+               Count(rp),
+               ids.typed_data(),
+               samples.typed_data(),
+               gains.typed_data(),
+               Count(ids),
+               1,
+               num_sc,
+               global_sc,
+               batch / num_sc,
+               tdims[0] / global_sc,
+               0,
+               global_sc,
                minibatching ? num_minibatches.typed_data() : nullptr};
   float* act = out->typed_data();
   std::memset(act, 0, sizeof(float) * batch * width);
@@ -260,11 +271,10 @@ ffi::Error LookupImpl(ffi::Buffer<ffi::S32> rp, ffi::Buffer<ffi::S32> ids,
 ffi::Error GradImpl(ffi::Buffer<ffi::S32> rp, ffi::Buffer<ffi::S32> ids,
                     ffi::Buffer<ffi::S32> samples, ffi::Buffer<ffi::F32> gains,
                     ffi::Buffer<ffi::S32> num_minibatches, ffi::Buffer<ffi::F32> act_grad,
-                    ffi::Buffer<ffi::S32> shard_offset,
-                    ffi::RemainingArgs args, ffi::RemainingRets rets, std::string_view optimizer,
-                    int64_t num_sc, int64_t num_devices, int64_t sources, bool clip_min,
-                    float min_value, bool clip_max, float max_value, bool multiply_linear_by_lr,
-                    bool minibatching) {
+                    ffi::Buffer<ffi::S32> shard_offset, ffi::RemainingArgs args,
+                    ffi::RemainingRets rets, std::string_view optimizer, int64_t num_sc,
+                    int64_t num_devices, int64_t sources, bool clip_min, float min_value,
+                    bool clip_max, float max_value, bool multiply_linear_by_lr, bool minibatching) {
   if (ffi::Error e = CheckCommon(rp, ids, samples, gains, num_sc, num_devices); e.failure()) {
     return e;
   }
@@ -341,8 +351,8 @@ ffi::Error GradImpl(ffi::Buffer<ffi::S32> rp, ffi::Buffer<ffi::S32> ids,
   const int64_t width = Width(tdims);
   const auto gdims = act_grad.dimensions();
   if ((gdims.size() != 1 && gdims.size() != 2) || Width(gdims) != width) {
-    return Invalid("activations_grad: width " + Str(Width(gdims)) +
-                   " differs from the table's " + Str(width));
+    return Invalid("activations_grad: width " + Str(Width(gdims)) + " differs from the table's " +
+                   Str(width));
   }
   if (gdims[0] % (sources * num_sc) != 0) {
     return Invalid("activations_grad: " + Str(gdims[0]) +
@@ -364,10 +374,19 @@ ffi::Error GradImpl(ffi::Buffer<ffi::S32> rp, ffi::Buffer<ffi::S32> ids,
     return Invalid("num_minibatches_per_physical_sparse_core: " + Str(Count(num_minibatches)) +
                    " entries, not one per device (" + Str(sources) + ")");
   }
-  CsrWalk walk{rp.typed_data(),      Count(rp),          ids.typed_data(),
-               samples.typed_data(), gains.typed_data(), Count(ids),
-               sources,              num_sc,             global_sc,
-               gdims[0] / (sources * num_sc), shard_rows, first, num_sc,
+  CsrWalk walk{rp.typed_data(),
+               Count(rp),
+               ids.typed_data(),
+               samples.typed_data(),
+               gains.typed_data(),
+               Count(ids),
+               sources,
+               num_sc,
+               global_sc,
+               gdims[0] / (sources * num_sc),
+               shard_rows,
+               first,
+               num_sc,
                minibatching ? num_minibatches.typed_data() : nullptr};
 
   // Sum each touched row's gradient in buffer order; rows in first-touch order.

@@ -23,8 +23,9 @@ class EmbeddingBagOpBase : public OpKernel {
   explicit EmbeddingBagOpBase(OpKernelConstruction* ctx) : OpKernel(ctx) {
     std::string combiner;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("combiner", &combiner));
-    combiner_ = combiner == "sum" ? Combiner::kSum
-                : combiner == "sqrtn" ? Combiner::kSqrtn : Combiner::kMean;
+    combiner_ = combiner == "sum"     ? Combiner::kSum
+                : combiner == "sqrtn" ? Combiner::kSqrtn
+                                      : Combiner::kMean;
   }
 
  protected:
@@ -40,22 +41,23 @@ class EmbeddingBagOpBase : public OpKernel {
     }
     for (int64_t b = 0; b + 1 < s.size(); ++b) {
       if (s(b + 1) < s(b)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "EmbeddingBag: row_splits must be non-decreasing; split ", b + 1, " is ", s(b + 1),
-            " after ", s(b)));
+        return absl::InvalidArgumentError(
+            absl::StrCat("EmbeddingBag: row_splits must be non-decreasing; split ", b + 1, " is ",
+                         s(b + 1), " after ", s(b)));
       }
     }
     if (weights.NumElements() != 0 && weights.NumElements() != n) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "EmbeddingBag: weights has ", weights.NumElements(), " elements but there are ", n,
-          " ids (weights must be empty or one per id)"));
+      return absl::InvalidArgumentError(absl::StrCat("EmbeddingBag: weights has ",
+                                                     weights.NumElements(),
+                                                     " elements but there are ", n,
+                                                     " ids (weights must be empty or one per id)"));
     }
     if (vocab >= 0) {
       for (int64_t k = 0; k < n; ++k) {
         if (id(k) < 0 || id(k) >= vocab) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "EmbeddingBag: id ", id(k), " at index ", k, " is outside the table [0, ",
-              vocab, ")"));
+          return absl::InvalidArgumentError(absl::StrCat("EmbeddingBag: id ", id(k), " at index ",
+                                                         k, " is outside the table [0, ", vocab,
+                                                         ")"));
         }
       }
     }
@@ -115,9 +117,9 @@ class EmbeddingBagGradOp : public EmbeddingBagOpBase<Id, Split> {
     OP_REQUIRES_OK(ctx, this->Validate(splits, ids, weights, /*vocab=*/-1));
     const int64_t bags = splits.NumElements() - 1;
     OP_REQUIRES(ctx, grad.dims() == 2 && grad.dim_size(0) == bags,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "EmbeddingBagGrad: grad must be [", bags, ", dim], got ",
-                    grad.shape().DebugString())));
+                absl::InvalidArgumentError(absl::StrCat("EmbeddingBagGrad: grad must be [", bags,
+                                                        ", dim], got ",
+                                                        grad.shape().DebugString())));
     const int dim = grad.dim_size(1);
     Tensor* out;
     TensorShape shape;
@@ -138,16 +140,16 @@ class EmbeddingBagGradOp : public EmbeddingBagOpBase<Id, Split> {
   }
 };
 
-#define TTE_REGISTER_BAG(Id, Split)                                              \
-  REGISTER_KERNEL_BUILDER(Name("TfTpuEmb>EmbeddingBag")                          \
-                              .Device(::tensorflow::DEVICE_CPU)                  \
-                              .TypeConstraint<Id>("Tids")                        \
-                              .TypeConstraint<Split>("Tsplits"),                 \
-                          Guarded<EmbeddingBagOp<Id, Split>>);                            \
-  REGISTER_KERNEL_BUILDER(Name("TfTpuEmb>EmbeddingBagGrad")                      \
-                              .Device(::tensorflow::DEVICE_CPU)                  \
-                              .TypeConstraint<Id>("Tids")                        \
-                              .TypeConstraint<Split>("Tsplits"),                 \
+#define TTE_REGISTER_BAG(Id, Split)                              \
+  REGISTER_KERNEL_BUILDER(Name("TfTpuEmb>EmbeddingBag")          \
+                              .Device(::tensorflow::DEVICE_CPU)  \
+                              .TypeConstraint<Id>("Tids")        \
+                              .TypeConstraint<Split>("Tsplits"), \
+                          Guarded<EmbeddingBagOp<Id, Split>>);   \
+  REGISTER_KERNEL_BUILDER(Name("TfTpuEmb>EmbeddingBagGrad")      \
+                              .Device(::tensorflow::DEVICE_CPU)  \
+                              .TypeConstraint<Id>("Tids")        \
+                              .TypeConstraint<Split>("Tsplits"), \
                           Guarded<EmbeddingBagGradOp<Id, Split>>)
 
 TTE_REGISTER_BAG(int32_t, int32_t);

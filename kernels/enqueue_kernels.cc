@@ -54,9 +54,10 @@ absl::Status ParseMode(const std::string& op, OpKernelContext* ctx, const Engine
   } else if (m == "unspecified") {
     *training = e.training_by_default();
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        op, ": Unsupported value ", m, " specified for mode_override. "
-        "Use \"train\", \"inference\" or \"unspecified\"."));
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": Unsupported value ", m,
+                     " specified for mode_override. "
+                     "Use \"train\", \"inference\" or \"unspecified\"."));
   }
   return absl::OkStatus();
 }
@@ -81,12 +82,8 @@ class EnqueueOp : public OpKernel {
       OP_REQUIRES_OK(ctx, ParseCombiners(op_, names, &combiners));
     }
     switch (kFormat) {
-      case Format::kInteger:
-        mapper_ = InputMapper::IntegerBatch(op_);
-        break;
-      case Format::kSparse:
-        mapper_ = InputMapper::SparseBatch(op_, std::move(combiners));
-        break;
+      case Format::kInteger: mapper_ = InputMapper::IntegerBatch(op_); break;
+      case Format::kSparse: mapper_ = InputMapper::SparseBatch(op_, std::move(combiners)); break;
       case Format::kArbitrary:
         mapper_ = InputMapper::ArbitraryTensorBatch(op_, std::move(combiners));
         break;
@@ -172,9 +169,9 @@ class RouteOp : public OpKernel {
     OP_REQUIRES_OK(ctx, Router::Get(router_, config_, &router));
     const Engine& e = router->engine();
     OP_REQUIRES(ctx, ctx->num_outputs() == router->num_hosts() + 2,
-                absl::InvalidArgumentError(absl::StrCat(
-                    op_, ": num_hosts is ", ctx->num_outputs() - 2, " but the config has ",
-                    router->num_hosts())));
+                absl::InvalidArgumentError(
+                    absl::StrCat(op_, ": num_hosts is ", ctx->num_outputs() - 2,
+                                 " but the config has ", router->num_hosts())));
     OP_REQUIRES_OK(ctx, ReplicaInRange(op_, replica_, e));
     Batch batch;
     OP_REQUIRES_OK(ctx, ParseMode(op_, ctx, e, &batch.training));

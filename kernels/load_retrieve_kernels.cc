@@ -52,14 +52,14 @@ class TableOpBase : public OpKernel {
             absl::StrCat(op_, ": no table named '", table_name_, "' is configured"));
       }
     } else if (t >= e.num_tables()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          op_, ": table_id ", t, " is out of range; ", e.num_tables(), " tables are configured"));
+      return absl::InvalidArgumentError(absl::StrCat(op_, ": table_id ", t, " is out of range; ",
+                                                     e.num_tables(), " tables are configured"));
     }
     const Table& table = e.table(t);
     if (table.optimizer != optimizer_) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          op_, ": table '", table.name, "' (id ", t, ") is configured with the ",
-          table.optimizer->proto_field, " optimizer, not ", optimizer_->proto_field));
+      return absl::FailedPreconditionError(
+          absl::StrCat(op_, ": table '", table.name, "' (id ", t, ") is configured with the ",
+                       table.optimizer->proto_field, " optimizer, not ", optimizer_->proto_field));
     }
     shard->table = t;
     return e.ResolveShard(op_, t, num_shards_, shard_id_, &shard->shard);
@@ -73,10 +73,10 @@ class TableOpBase : public OpKernel {
     OP_REQUIRES_OK(ctx, Resolve(*engine, &shard));
     Transfer(ctx, *engine, engine->table(shard.table), shard.shard);
   }
+
  protected:
   // Moves the shard's tensors into (Load) or out of (Retrieve) the table.
-  virtual void Transfer(OpKernelContext* ctx, Engine& engine, Table& table,
-                        const Shard& shard) = 0;
+  virtual void Transfer(OpKernelContext* ctx, Engine& engine, Table& table, const Shard& shard) = 0;
 
   const std::string op_;
   int table_id_ = -1;
@@ -90,22 +90,21 @@ class LoadTableOp : public TableOpBase {
   using TableOpBase::TableOpBase;
 
  protected:
-  void Transfer(OpKernelContext* ctx, Engine& engine, Table& table,
-                const Shard& shard) override {
+  void Transfer(OpKernelContext* ctx, Engine& engine, Table& table, const Shard& shard) override {
     const TensorShape expected({shard.rows, table.dimension});
     for (int i = 0; i < ctx->num_inputs(); ++i) {
       OP_REQUIRES(ctx, ctx->input(i).shape() == expected,
                   absl::InvalidArgumentError(absl::StrCat(
-                      op_, ": table '", table.name, "': ", ctx->op_kernel().def().input(i),
-                      " ", ctx->input(i).shape().DebugString(), " should be ",
-                      expected.DebugString(), " (shard ", shard_id_, " of ", num_shards_, ")")));
+                      op_, ": table '", table.name, "': ", ctx->op_kernel().def().input(i), " ",
+                      ctx->input(i).shape().DebugString(), " should be ", expected.DebugString(),
+                      " (shard ", shard_id_, " of ", num_shards_, ")")));
     }
     engine.WaitForApply();  // a routed Send's update may still run
     std::unique_lock<std::shared_mutex> lock(engine.tables_mutex());
     for (int i = 0; i < ctx->num_inputs(); ++i) {
-      CopyShard(table, engine.sharding(), shard.local_shards, shard.local_shard_id,
-                shard.rows, table.state[i].get(),
-                const_cast<float*>(ctx->input(i).flat<float>().data()), /*to_state=*/true);
+      CopyShard(table, engine.sharding(), shard.local_shards, shard.local_shard_id, shard.rows,
+                table.state[i].get(), const_cast<float*>(ctx->input(i).flat<float>().data()),
+                /*to_state=*/true);
     }
   }
 };
@@ -115,16 +114,15 @@ class RetrieveTableOp : public TableOpBase {
   using TableOpBase::TableOpBase;
 
  protected:
-  void Transfer(OpKernelContext* ctx, Engine& engine, Table& table,
-                const Shard& shard) override {
+  void Transfer(OpKernelContext* ctx, Engine& engine, Table& table, const Shard& shard) override {
     engine.WaitForApply();  // a routed Send's update may still run
     std::shared_lock<std::shared_mutex> lock(engine.tables_mutex());
     for (int i = 0; i < ctx->num_outputs(); ++i) {
       Tensor* out;
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({shard.rows, table.dimension}),
-                                               &out));
-      CopyShard(table, engine.sharding(), shard.local_shards, shard.local_shard_id,
-                shard.rows, table.state[i].get(), out->flat<float>().data(),
+      OP_REQUIRES_OK(ctx,
+                     ctx->allocate_output(i, TensorShape({shard.rows, table.dimension}), &out));
+      CopyShard(table, engine.sharding(), shard.local_shards, shard.local_shard_id, shard.rows,
+                table.state[i].get(), out->flat<float>().data(),
                 /*to_state=*/false);
     }
   }
@@ -145,8 +143,8 @@ class AllTablesOpBase : public OpKernel {
  protected:
   absl::Status Shards(Engine& e, std::vector<Shard>* shards) const {
     if (num_tables_ != e.num_tables()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          op_, ": NumTables is ", num_tables_, " but ", e.num_tables(), " tables are configured"));
+      return absl::InvalidArgumentError(absl::StrCat(op_, ": NumTables is ", num_tables_, " but ",
+                                                     e.num_tables(), " tables are configured"));
     }
     for (int t = 0; t < e.num_tables(); ++t) {
       shards->emplace_back();
@@ -176,8 +174,7 @@ class AllTablesOpBase : public OpKernel {
  protected:
   // Moves every table's state variables in (LoadAll) or out (RetrieveAll);
   // shards[t]: the rows of table t this op moves.
-  virtual void Transfer(OpKernelContext* ctx, Engine& engine,
-                        const std::vector<Shard>& shards) = 0;
+  virtual void Transfer(OpKernelContext* ctx, Engine& engine, const std::vector<Shard>& shards) = 0;
 };
 
 class LoadAllOp : public AllTablesOpBase {
@@ -198,12 +195,12 @@ class LoadAllOp : public AllTablesOpBase {
         const Tensor& in = groups[i][t];
         const bool used = i < static_cast<int>(table.state_names.size());
         OP_REQUIRES(ctx, used ? in.shape() == expected : in.NumElements() == 0,
-                    absl::InvalidArgumentError(absl::StrCat(
-                        op_, ": table '", table.name, "' (id ", t, "): ", GroupName(i),
-                        " has shape ", in.shape().DebugString(), " but should be ",
-                        used ? absl::StrCat(expected.DebugString(), " (its ",
-                                            table.state_names[i], ")")
-                             : std::string("empty"))));
+                    absl::InvalidArgumentError(
+                        absl::StrCat(op_, ": table '", table.name, "' (id ", t, "): ", GroupName(i),
+                                     " has shape ", in.shape().DebugString(), " but should be ",
+                                     used ? absl::StrCat(expected.DebugString(), " (its ",
+                                                         table.state_names[i], ")")
+                                          : std::string("empty"))));
       }
     }
     engine->WaitForApply();  // a routed Send's update may still run
@@ -212,8 +209,8 @@ class LoadAllOp : public AllTablesOpBase {
       Table& table = engine->table(t);
       for (int i = 0; i < static_cast<int>(table.state_names.size()); ++i) {
         if (IsAccumulator(table, i)) continue;
-        CopyShard(table, engine->sharding(), shards[t].local_shards,
-                  shards[t].local_shard_id, shards[t].rows, table.state[i].get(),
+        CopyShard(table, engine->sharding(), shards[t].local_shards, shards[t].local_shard_id,
+                  shards[t].rows, table.state[i].get(),
                   const_cast<float*>(groups[i][t].flat<float>().data()), true);
       }
     }
@@ -236,16 +233,16 @@ class RetrieveAllOp : public AllTablesOpBase {
         Table& table = engine->table(t);
         const bool used = i < static_cast<int>(table.state_names.size());
         Tensor* out;
-        OP_REQUIRES_OK(ctx, group.allocate(t, used ? TensorShape({shards[t].rows,
-                                                                  table.dimension})
-                                                   : TensorShape({0, 0}), &out));
+        OP_REQUIRES_OK(ctx, group.allocate(t,
+                                           used ? TensorShape({shards[t].rows, table.dimension})
+                                                : TensorShape({0, 0}),
+                                           &out));
         if (!used) continue;
         if (IsAccumulator(table, i)) {
           out->flat<float>().setConstant(GradientAccumulatorInitialValue());
         } else {
-          CopyShard(table, engine->sharding(), shards[t].local_shards,
-                    shards[t].local_shard_id, shards[t].rows, table.state[i].get(),
-                    out->flat<float>().data(), false);
+          CopyShard(table, engine->sharding(), shards[t].local_shards, shards[t].local_shard_id,
+                    shards[t].rows, table.state[i].get(), out->flat<float>().data(), false);
         }
       }
     }
@@ -277,9 +274,9 @@ class LoadStepCountOp : public OpKernel {
     EngineRef engine;
     OP_REQUIRES_OK(ctx, engine.Acquire(ctx, "LoadTPUEmbeddingStepCount"));
     const int64_t count = ctx->input(0).scalar<int64_t>()();
-    OP_REQUIRES(ctx, count >= 0, absl::InvalidArgumentError(absl::StrCat(
-                                     "LoadTPUEmbeddingStepCount: step_count must be >= 0, got ",
-                                     count)));
+    OP_REQUIRES(ctx, count >= 0,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "LoadTPUEmbeddingStepCount: step_count must be >= 0, got ", count)));
     engine->WaitForApply();  // a pending update must not count after the load
     std::unique_lock<std::shared_mutex> lock(engine->tables_mutex());
     engine->set_steps_applied(static_cast<uint64_t>(count));

@@ -55,20 +55,19 @@ class RecvOp : public AsyncOpKernel {
       if (!status.ok()) return;
       std::function<void(std::function<void()>)> runner;
       if (ctx->runner() != nullptr) runner = *ctx->runner();
-      now = call->engine->Recv(
-          call->replica, &status, &batch,
-          [this, ctx, done, call, runner](absl::Status s, Batch b) {
-            call->batch = std::move(b);
-            auto resume = [this, ctx, done, call, s] {
-              Finish(ctx, call.get(), s);
-              done();
-            };
-            if (runner) {
-              runner(std::move(resume));
-            } else {
-              resume();
-            }
-          });
+      now = call->engine->Recv(call->replica, &status, &batch,
+                               [this, ctx, done, call, runner](absl::Status s, Batch b) {
+                                 call->batch = std::move(b);
+                                 auto resume = [this, ctx, done, call, s] {
+                                   Finish(ctx, call.get(), s);
+                                   done();
+                                 };
+                                 if (runner) {
+                                   runner(std::move(resume));
+                                 } else {
+                                   resume();
+                                 }
+                               });
     });
     if (!now) return;  // `later` owns done
     if (!thrown.ok()) status = thrown;
@@ -93,18 +92,18 @@ class RecvOp : public AsyncOpKernel {
     if (kRouted) return absl::OkStatus();
     const auto& outs = engine.outputs();
     if (ctx->num_outputs() != static_cast<int>(outs.size()) || shapes_.size() != outs.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          op_, ": num_outputs is ", ctx->num_outputs(), " and the op's config has ",
-          shapes_.size(), " outputs, but the configured engine has ", outs.size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(op_, ": num_outputs is ", ctx->num_outputs(), " and the op's config has ",
+                       shapes_.size(), " outputs, but the configured engine has ", outs.size()));
     }
     for (size_t o = 0; o < outs.size(); ++o) {
       TensorShape attr_shape;
       TF_RETURN_IF_ERROR(TensorShape::BuildTensorShape(shapes_[o], &attr_shape));
       if (attr_shape != outs[o].recv_shape) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            op_, ": output ", o, " has shape ", attr_shape.DebugString(),
-            " in the op's config but ", outs[o].recv_shape.DebugString(),
-            " in the configured engine's config"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(op_, ": output ", o, " has shape ", attr_shape.DebugString(),
+                         " in the op's config but ", outs[o].recv_shape.DebugString(),
+                         " in the configured engine's config"));
       }
     }
     call->out.resize(outs.size());
@@ -192,19 +191,18 @@ class SendOp : public OpKernel {
     const auto& outs = e.outputs();
     if (inputs.size() != static_cast<int>(outs.size())) {
       return absl::InvalidArgumentError(absl::StrCat(
-          op_, ": got ", inputs.size(), " gradients but Recv produces ", outs.size(),
-          " outputs"));
+          op_, ": got ", inputs.size(), " gradients but Recv produces ", outs.size(), " outputs"));
     }
     if (learning_rates.size() != e.num_dynamic_inputs()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          op_, ": got ", learning_rates.size(), " learning rates but the config has ",
-          e.num_dynamic_inputs(), " dynamic learning rate tag(s)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(op_, ": got ", learning_rates.size(), " learning rates but the config has ",
+                       e.num_dynamic_inputs(), " dynamic learning rate tag(s)"));
     }
     for (int i = 0; i < learning_rates.size(); ++i) {
       if (learning_rates[i].NumElements() != 1) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            op_, ": learning_rates[", i, "] must be a scalar, got shape ",
-            learning_rates[i].shape().DebugString()));
+        return absl::InvalidArgumentError(absl::StrCat(op_, ": learning_rates[", i,
+                                                       "] must be a scalar, got shape ",
+                                                       learning_rates[i].shape().DebugString()));
       }
       rates->push_back(learning_rates[i].flat<float>()(0));
       if (e.check_numerics() && !std::isfinite(rates->back())) {
@@ -213,31 +211,32 @@ class SendOp : public OpKernel {
       }
     }
     if (const int t = e.table_without_learning_rate(); t >= 0) {  // found at configure
-      return absl::FailedPreconditionError(absl::StrCat(
-          op_, ": table '", e.table(t).name,
-          "' has no learning_rate in its optimization_parameters"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(op_, ": table '", e.table(t).name,
+                       "' has no learning_rate in its optimization_parameters"));
     }
     for (size_t o = 0; o < outs.size(); ++o) {
       const int t = outs[o].table;
       const TensorShape& expected = outs[o].recv_shape;
       auto who = [&] {  // built only for an error
-        return absl::StrCat(
-            op_, ": gradient ", o, " (",
-            e.table_mode() ? ""
-                           : absl::StrCat("feature '", e.config().feature_descriptor(o).name(), "', "),
-            "table '", e.table(t).name, "')");
+        return absl::StrCat(op_, ": gradient ", o, " (",
+                            e.table_mode()
+                                ? ""
+                                : absl::StrCat("feature '", e.config().feature_descriptor(o).name(),
+                                               "', "),
+                            "table '", e.table(t).name, "')");
       };
       if (inputs[o].shape() != expected) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            who(), " has shape ", inputs[o].shape().DebugString(), " but Recv's output is ",
-            expected.DebugString()));
+        return absl::InvalidArgumentError(
+            absl::StrCat(who(), " has shape ", inputs[o].shape().DebugString(),
+                         " but Recv's output is ", expected.DebugString()));
       }
       if (e.check_numerics()) {
         const float* g = inputs[o].flat<float>().data();
         for (int64_t k = 0; k < inputs[o].NumElements(); ++k) {
           if (!std::isfinite(g[k])) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                who(), " has a non-finite value at flat index ", k));
+            return absl::InvalidArgumentError(
+                absl::StrCat(who(), " has a non-finite value at flat index ", k));
           }
         }
       }
@@ -289,30 +288,33 @@ class SendRoutedOp : public OpKernel {
     for (int64_t f : floats) total += f;
     const int64_t rate_count = e.num_dynamic_inputs();
     if (in.dims() != 1 || in.NumElements() != total + rate_count + packed::kSequenceFloats) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          op_, ": the gradients have shape ", in.shape().DebugString(), " but the in-flight "
-          "routed batch needs [", total + rate_count + packed::kSequenceFloats, "] (", total,
-          " gradient floats, ", rate_count, " learning rate(s), the batch's sequence)"));
+      return absl::InvalidArgumentError(absl::StrCat(op_, ": the gradients have shape ",
+                                                     in.shape().DebugString(),
+                                                     " but the in-flight "
+                                                     "routed batch needs [",
+                                                     total + rate_count + packed::kSequenceFloats,
+                                                     "] (", total, " gradient floats, ", rate_count,
+                                                     " learning rate(s), the batch's sequence)"));
     }
     const float* data = in.flat<float>().data();
     const int64_t answered = GetSequence(data + total + rate_count);
     if (answered != sequence) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          op_, ": the gradients answer routed batch #", answered,
-          " but this host's in-flight batch is #", sequence));
+      return absl::InvalidArgumentError(
+          absl::StrCat(op_, ": the gradients answer routed batch #", answered,
+                       " but this host's in-flight batch is #", sequence));
     }
     if (const int t = e.table_without_learning_rate(); t >= 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          op_, ": table '", e.table(t).name,
-          "' has no learning_rate in its optimization_parameters"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(op_, ": table '", e.table(t).name,
+                       "' has no learning_rate in its optimization_parameters"));
     }
     rates->assign(data + total, data + total + rate_count);
     if (e.check_numerics()) {
       for (int64_t k = 0; k < total + rate_count; ++k) {
         if (!std::isfinite(data[k])) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              op_, k < total ? ": a gradient" : ": a learning rate", " is not finite (flat index ",
-              k, ")"));
+          return absl::InvalidArgumentError(
+              absl::StrCat(op_, k < total ? ": a gradient" : ": a learning rate",
+                           " is not finite (flat index ", k, ")"));
         }
       }
     }
@@ -362,35 +364,37 @@ class CombineOp : public RouterOp {
     OpInputList host;
     OP_REQUIRES_OK(ctx, ctx->input_list("host_activations", &host));
     const int hosts = router->num_hosts();
-    OP_REQUIRES(ctx, host.size() == hosts && ctx->num_outputs() == static_cast<int>(
-                                                 e.outputs().size()),
-                absl::InvalidArgumentError(absl::StrCat(
-                    op_, ": got ", host.size(), " hosts' activations and ", ctx->num_outputs(),
-                    " outputs; the config has ", hosts, " hosts and ", e.outputs().size(),
-                    " outputs")));
+    OP_REQUIRES(ctx,
+                host.size() == hosts && ctx->num_outputs() == static_cast<int>(e.outputs().size()),
+                absl::InvalidArgumentError(
+                    absl::StrCat(op_, ": got ", host.size(), " hosts' activations and ",
+                                 ctx->num_outputs(), " outputs; the config has ", hosts,
+                                 " hosts and ", e.outputs().size(), " outputs")));
     std::vector<int64_t> sequence(hosts);
     for (int k = 0; k < hosts; ++k) {
       OP_REQUIRES(ctx, host[k].dims() == 1 && host[k].NumElements() >= packed::kSequenceFloats,
-                  absl::InvalidArgumentError(absl::StrCat(
-                      op_, ": host ", k, "'s activations have shape ",
-                      host[k].shape().DebugString(), "; not a routed Recv's output")));
+                  absl::InvalidArgumentError(
+                      absl::StrCat(op_, ": host ", k, "'s activations have shape ",
+                                   host[k].shape().DebugString(), "; not a routed Recv's output")));
       sequence[k] = GetSequence(host[k].flat<float>().data() + host[k].NumElements() -
                                 packed::kSequenceFloats);
       OP_REQUIRES(ctx, sequence[k] == sequence[0],
-                  absl::FailedPreconditionError(absl::StrCat(
-                      op_, ": the hosts answered different routed batches of replica ", replica_,
-                      " (host 0: #", sequence[0], ", host ", k, ": #", sequence[k],
-                      "): a host lost or gained a batch")));
+                  absl::FailedPreconditionError(
+                      absl::StrCat(op_, ": the hosts answered different routed batches of replica ",
+                                   replica_, " (host 0: #", sequence[0], ", host ", k, ": #",
+                                   sequence[k], "): a host lost or gained a batch")));
     }
     std::unique_ptr<RoutePlan> plan;
     OP_REQUIRES_OK(ctx, router->Pop(replica_, sequence[0], &plan));
     std::vector<const float*> in(hosts);
     for (int k = 0; k < hosts; ++k) {
       OP_REQUIRES(ctx, host[k].NumElements() == plan->host_floats[k] + packed::kSequenceFloats,
-                  absl::InvalidArgumentError(absl::StrCat(
-                      op_, ": host ", k, " returned ", host[k].NumElements(), " floats for routed "
-                      "batch #", plan->sequence, ", which needs ",
-                      plan->host_floats[k] + packed::kSequenceFloats)));
+                  absl::InvalidArgumentError(
+                      absl::StrCat(op_, ": host ", k, " returned ", host[k].NumElements(),
+                                   " floats for routed "
+                                   "batch #",
+                                   plan->sequence, ", which needs ",
+                                   plan->host_floats[k] + packed::kSequenceFloats)));
       in[k] = host[k].flat<float>().data();
     }
     std::vector<float*> out(e.outputs().size());
@@ -420,21 +424,21 @@ class SplitOp : public RouterOp {
     OP_REQUIRES_OK(ctx, ctx->input_list("learning_rates", &rates));
     const auto& outs = e.outputs();
     OP_REQUIRES(ctx, inputs.size() == static_cast<int>(outs.size()),
-                absl::InvalidArgumentError(absl::StrCat(
-                    op_, ": got ", inputs.size(), " gradients but Recv produces ", outs.size(),
-                    " outputs")));
+                absl::InvalidArgumentError(absl::StrCat(op_, ": got ", inputs.size(),
+                                                        " gradients but Recv produces ",
+                                                        outs.size(), " outputs")));
     OP_REQUIRES(ctx, rates.size() == e.num_dynamic_inputs(),
-                absl::InvalidArgumentError(absl::StrCat(
-                    op_, ": got ", rates.size(), " learning rates but the config has ",
-                    e.num_dynamic_inputs(), " dynamic learning rate tag(s)")));
+                absl::InvalidArgumentError(
+                    absl::StrCat(op_, ": got ", rates.size(), " learning rates but the config has ",
+                                 e.num_dynamic_inputs(), " dynamic learning rate tag(s)")));
     std::vector<const float*> grads;
     for (size_t o = 0; o < outs.size(); ++o) {
       OP_REQUIRES(ctx, inputs[o].shape() == outs[o].recv_shape,
                   absl::InvalidArgumentError(absl::StrCat(
                       op_, ": gradient ", o, " (",
-                      e.table_mode() ? "" : absl::StrCat("feature '",
-                                                         e.config().feature_descriptor(o).name(),
-                                                         "', "),
+                      e.table_mode() ? ""
+                                     : absl::StrCat("feature '",
+                                                    e.config().feature_descriptor(o).name(), "', "),
                       "table '", e.table(outs[o].table).name, "') has shape ",
                       inputs[o].shape().DebugString(), " but Recv's output is ",
                       outs[o].recv_shape.DebugString())));
@@ -442,9 +446,9 @@ class SplitOp : public RouterOp {
     }
     for (int i = 0; i < rates.size(); ++i) {
       OP_REQUIRES(ctx, rates[i].NumElements() == 1,
-                  absl::InvalidArgumentError(absl::StrCat(
-                      op_, ": learning_rates[", i, "] must be a scalar, got shape ",
-                      rates[i].shape().DebugString())));
+                  absl::InvalidArgumentError(absl::StrCat(op_, ": learning_rates[", i,
+                                                          "] must be a scalar, got shape ",
+                                                          rates[i].shape().DebugString())));
     }
     std::unique_ptr<RoutePlan> plan;
     OP_REQUIRES_OK(ctx, router->TakeInFlight(op_, replica_, &plan));
@@ -453,9 +457,9 @@ class SplitOp : public RouterOp {
     for (int k = 0; k < hosts; ++k) {
       Tensor* t;
       const int64_t floats = plan->host_floats[k];
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                              k, TensorShape({floats + rates.size() + packed::kSequenceFloats}),
-                              &t));
+      OP_REQUIRES_OK(ctx,
+                     ctx->allocate_output(
+                         k, TensorShape({floats + rates.size() + packed::kSequenceFloats}), &t));
       out[k] = t->flat<float>().data();
       for (int i = 0; i < rates.size(); ++i) out[k][floats + i] = rates[i].flat<float>()(0);
       PutSequence(plan->sequence, out[k] + floats + rates.size());

@@ -44,8 +44,8 @@ void RegisterCpuKernel(const std::string& bare_name, bool core = true) {
   if (core) names.push_back(bare_name);
   for (const std::string& name : names) {
     new ::tensorflow::kernel_factory::OpKernelRegistrar(
-        ::tensorflow::KernelDefBuilder(name.c_str()).Device(::tensorflow::DEVICE_CPU).Build(),
-        name, create);
+        ::tensorflow::KernelDefBuilder(name.c_str()).Device(::tensorflow::DEVICE_CPU).Build(), name,
+        create);
   }
 }
 
@@ -72,8 +72,8 @@ void RegisterTableKernel(const char* bare_name, const OptimizerSpec* spec) {
   if (spec->core_has_table_ops) names.push_back(bare_name);
   for (const std::string& name : names) {
     new ::tensorflow::kernel_factory::OpKernelRegistrar(
-        ::tensorflow::KernelDefBuilder(name.c_str()).Device(::tensorflow::DEVICE_CPU).Build(),
-        name, std::make_unique<Factory>(spec));
+        ::tensorflow::KernelDefBuilder(name.c_str()).Device(::tensorflow::DEVICE_CPU).Build(), name,
+        std::make_unique<Factory>(spec));
   }
 }
 
@@ -93,9 +93,9 @@ inline int DeviceReplica(::tensorflow::OpKernelContext* ctx) {
 
 inline absl::Status ReplicaInRange(const std::string& op, int replica, const Engine& e) {
   if (replica < 0 || replica >= e.num_replicas()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        op, ": replica ", replica, " is out of range: the config has ",
-        e.num_replicas(), " tensor core(s) (num_tensor_cores)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": replica ", replica, " is out of range: the config has ",
+                     e.num_replicas(), " tensor core(s) (num_tensor_cores)"));
   }
   return absl::OkStatus();
 }

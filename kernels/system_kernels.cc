@@ -49,8 +49,8 @@ absl::Status ActivationsGradient(const ::tensorflow::Scope& scope,
 // registration of a name).
 void RegisterActivationsGradient() {
   auto* registry = ::tensorflow::ops::GradOpRegistry::Global();
-  for (const std::string& name : {kPrefix + std::string("TPUEmbeddingActivations"),
-                                 std::string("TPUEmbeddingActivations")}) {
+  for (const std::string& name :
+       {kPrefix + std::string("TPUEmbeddingActivations"), std::string("TPUEmbeddingActivations")}) {
     ::tensorflow::ops::GradFunc existing = nullptr;
     if (!registry->Lookup(name, &existing).ok()) registry->Register(name, ActivationsGradient);
   }
@@ -62,8 +62,7 @@ void RegisterActivationsGradient() {
 // `engine` attr names.
 class ConfigureOp : public OpKernel {
  public:
-  explicit ConfigureOp(OpKernelConstruction* ctx)
-      : OpKernel(ctx), engine_(EngineName(ctx->def())) {
+  explicit ConfigureOp(OpKernelConstruction* ctx) : OpKernel(ctx), engine_(EngineName(ctx->def())) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("config", &config_));
     if (::tensorflow::HasNodeAttr(ctx->def(), "host_id")) {
       OP_REQUIRES_OK(ctx, ctx->GetAttr("host_id", &host_id_));
@@ -106,8 +105,7 @@ class IsInitializedOp : public OpKernel {
 
 class ShutdownOp : public OpKernel {
  public:
-  explicit ShutdownOp(OpKernelConstruction* ctx)
-      : OpKernel(ctx), engine_(EngineName(ctx->def())) {}
+  explicit ShutdownOp(OpKernelConstruction* ctx) : OpKernel(ctx), engine_(EngineName(ctx->def())) {}
   void Compute(OpKernelContext* ctx) override { Engine::Shutdown(engine_); }
 
  private:
@@ -135,8 +133,7 @@ class RenewLeaseOp : public OpKernel {
 
 class ClaimHostOp : public OpKernel {
  public:
-  explicit ClaimHostOp(OpKernelConstruction* ctx)
-      : OpKernel(ctx), engine_(EngineName(ctx->def())) {
+  explicit ClaimHostOp(OpKernelConstruction* ctx) : OpKernel(ctx), engine_(EngineName(ctx->def())) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("takeover", &takeover_));
   }
   void Compute(OpKernelContext* ctx) override {

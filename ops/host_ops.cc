@@ -129,12 +129,11 @@ TTE_OP("RouteTPUEmbeddingArbitraryTensorBatch")
       int n, num_hosts;
       TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
       TF_RETURN_IF_ERROR(c->GetAttr("num_hosts", &num_hosts));
-      const int features = config.feature_descriptor_size() > 0
-                               ? config.feature_descriptor_size()
-                               : config.table_descriptor_size();
+      const int features = config.feature_descriptor_size() > 0 ? config.feature_descriptor_size()
+                                                                : config.table_descriptor_size();
       if (n != features) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "got ", n, " inputs but the config has ", features, " feature descriptors"));
+        return absl::InvalidArgumentError(absl::StrCat("got ", n, " inputs but the config has ",
+                                                       features, " feature descriptors"));
       }
       for (int i = 0; i < n; ++i) {
         ShapeHandle unused;
@@ -145,9 +144,10 @@ TTE_OP("RouteTPUEmbeddingArbitraryTensorBatch")
           return c->WithRank(c->input(2 * n + i), 1, &unused);
         }();
         if (!ranks.ok()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              FeatureLabel(config, i), ": ", ranks.message(), " (indices or splits of rank 1 "
-              "or 2, ids and weights of rank 1)"));
+          return absl::InvalidArgumentError(absl::StrCat(FeatureLabel(config, i), ": ",
+                                                         ranks.message(),
+                                                         " (indices or splits of rank 1 "
+                                                         "or 2, ids and weights of rank 1)"));
         }
       }
       for (int k = 0; k < num_hosts; ++k) c->set_output(k, c->Vector(c->UnknownDim()));
@@ -196,8 +196,8 @@ TTE_OP("SplitTPUEmbeddingRoutedGradients")
       TF_RETURN_IF_ERROR(c->GetAttr("NN", &nn));
       TF_RETURN_IF_ERROR(c->GetAttr("num_hosts", &num_hosts));
       if (n != static_cast<int>(shapes.size())) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "got ", n, " gradients but Recv produces ", shapes.size(), " outputs"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("got ", n, " gradients but Recv produces ", shapes.size(), " outputs"));
       }
       for (int i = 0; i < n; ++i) {
         ShapeHandle want, unused;

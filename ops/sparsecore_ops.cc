@@ -94,8 +94,7 @@ absl::Status CsrBuffersShapeFn(InferenceContext* c) {
   int32_t max_minibatches_per_sc, num_replica, sample_count, per_sample, num_sc;
   TF_RETURN_IF_ERROR(c->GetAttr("max_minibatches_per_sc", &max_minibatches_per_sc));
   TF_RETURN_IF_ERROR(c->GetAttr("num_replica", &num_replica));
-  TF_RETURN_IF_ERROR(
-      c->GetAttr(per_sc ? "sample_count_per_sc" : "sample_count", &sample_count));
+  TF_RETURN_IF_ERROR(c->GetAttr(per_sc ? "sample_count_per_sc" : "sample_count", &sample_count));
   TF_RETURN_IF_ERROR(c->GetAttr("max_ids_per_chip_per_sample", &per_sample));
   TF_RETURN_IF_ERROR(c->GetAttr("num_sc_per_chip", &num_sc));
   const sparsecore::CsrBufferSizes sizes = sparsecore::CsrBufferSizesFor(
@@ -161,8 +160,8 @@ absl::Status CustomCombinerMatmulShapeFn(InferenceContext* c) {
   }
   c->set_output(0, activations);
   c->set_output(1, c->MakeShape({input_size}));
-  c->set_output(2, c->MakeShape({c->MakeDim(input_size), c->MakeDim(max_valency),
-                                 c->Dim(c->input(5), 1)}));
+  c->set_output(2, c->MakeShape(
+                       {c->MakeDim(input_size), c->MakeDim(max_valency), c->Dim(c->input(5), 1)}));
   return absl::OkStatus();
 }
 
@@ -294,10 +293,7 @@ TTE_OP("GetStatsFromListOfSparseCoreCooTensors")
     .Attr("N: int >= 1")
     .SetShapeFn(ScalarsShapeFn);
 
-TTE_OP("GlobalIterId")
-    .Output("iter_id: int64")
-    .SetIsStateful()
-    .SetShapeFn(ScalarsShapeFn);
+TTE_OP("GlobalIterId").Output("iter_id: int64").SetIsStateful().SetShapeFn(ScalarsShapeFn);
 
 TTE_OP("SortListOfSparseCoreCooTensors")
     .Input("row_ids_list: N * int32")

@@ -79,10 +79,10 @@ absl::Status GradWithCsrInputShapeFn(InferenceContext* c) {
     }
     const DimensionHandle batch = c->Dim(c->input(9), 0);
     TF_RETURN_IF_ERROR(c->Merge(c->input(6), c->MakeShape({batch}), &merged));
-    TF_RETURN_IF_ERROR(c->Merge(
-        c->input(7),
-        c->MakeShape({batch, c->MakeDim(max_valency), c->Dim(c->input(tables_index), 1)}),
-        &merged));
+    TF_RETURN_IF_ERROR(
+        c->Merge(c->input(7),
+                 c->MakeShape({batch, c->MakeDim(max_valency), c->Dim(c->input(tables_index), 1)}),
+                 &merged));
     for (int i = 0; i < n; ++i) c->set_output(i, c->input(tables_index));
     c->set_output(n, c->MakeShape({num_weights}));
     return absl::OkStatus();
@@ -92,8 +92,9 @@ absl::Status GradWithCsrInputShapeFn(InferenceContext* c) {
 // ------------------------------------------------------------ the families
 
 void AddCsrBufferInputs(OpDefBuilderWrapper& op, bool pos_ids) {
-  op.Input("row_pointers: int32").Input("sorted_sample_ids: int32").Input(
-      "sorted_token_ids: int32");
+  op.Input("row_pointers: int32")
+      .Input("sorted_sample_ids: int32")
+      .Input("sorted_token_ids: int32");
   if (pos_ids) op.Input("sorted_pos_ids: int32");
   op.Input("sorted_gains: float32");
 }
@@ -174,9 +175,9 @@ void RegisterGradOp(const SparseCoreOptimizerDef& o, bool static_buffer, bool in
 
 // XlaSparseDenseMatmulCustomCombinerOnTcGradWith<Opt>AndCsrInput.
 void RegisterCombinerGradOp(const SparseCoreOptimizerDef& o) {
-  OpDefBuilderWrapper op(absl::StrCat(kPrefix, "XlaSparseDenseMatmulCustomCombinerOnTcGradWith",
-                                      o.name, "AndCsrInput")
-                             .c_str());
+  OpDefBuilderWrapper op(
+      absl::StrCat(kPrefix, "XlaSparseDenseMatmulCustomCombinerOnTcGradWith", o.name, "AndCsrInput")
+          .c_str());
   AddCombinerGradInputs(op);
   op.Input("learning_rate: float32").Input("combiner_weights_learning_rate: float32");
   AddTables(op, o);

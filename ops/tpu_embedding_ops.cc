@@ -53,9 +53,8 @@ absl::Status CombinersLengthShapeFn(InferenceContext* c) {
   int n;
   TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
   if (!combiners.empty() && static_cast<int>(combiners.size()) != n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Invalid length of combiners. Have ", combiners.size(),
-                     " but expected 0 or ", n));
+    return absl::InvalidArgumentError(absl::StrCat("Invalid length of combiners. Have ",
+                                                   combiners.size(), " but expected 0 or ", n));
   }
   return absl::OkStatus();
 }
@@ -147,8 +146,8 @@ using ::tensorflow::register_op::OpDefBuilderWrapper;
 
 // The feature-oriented and arbitrary-tensor enqueue ops come in a static
 // (device_ordinal attr) and a Dynamic (device_ordinal int32 input) variant.
-void RegisterEnqueueOp(const std::string& name, const char* first_input,
-                       bool dynamic, bool has_table_ids) {
+void RegisterEnqueueOp(const std::string& name, const char* first_input, bool dynamic,
+                       bool has_table_ids) {
   OpDefBuilderWrapper op(name.c_str());
   op.Input(absl::StrCat(first_input, ": N * T1"))
       .Input("embedding_indices: N * T2")
@@ -201,8 +200,7 @@ absl::Status CheckTableSelector(InferenceContext* c) {
   std::string table_name;
   TF_RETURN_IF_ERROR(c->GetAttr("table_name", &table_name));
   if ((table_id >= 0) == !table_name.empty()) {
-    return absl::InvalidArgumentError(
-        "exactly one of table_id or table_name must be non-default");
+    return absl::InvalidArgumentError("exactly one of table_id or table_name must be non-default");
   }
   int num_shards, shard_id;
   TF_RETURN_IF_ERROR(c->GetAttr("num_shards", &num_shards));
@@ -278,9 +276,9 @@ absl::Status AllTablesSetup(InferenceContext* c, TPUEmbeddingConfiguration* conf
   TF_RETURN_IF_ERROR(TableShardShapes(*config, shard_id, num_shards, table_shapes));
   TF_RETURN_IF_ERROR(c->GetAttr("NumTables", &num_tables));
   if (num_tables != config->table_descriptor_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "NumTables is ", num_tables, " but the config has ",
-        config->table_descriptor_size(), " tables"));
+    return absl::InvalidArgumentError(absl::StrCat("NumTables is ", num_tables,
+                                                   " but the config has ",
+                                                   config->table_descriptor_size(), " tables"));
   }
   return absl::OkStatus();
 }
@@ -298,8 +296,8 @@ absl::Status LoadAllShapeFn(InferenceContext* c) {
     ShapeHandle parameters;
     TF_RETURN_IF_ERROR(c->WithRank(groups[0][t], 2, &parameters));
     std::vector<std::string> names;
-    TF_RETURN_IF_ERROR(StateVariableNames(
-        config.table_descriptor(t).optimization_parameters(), &names));
+    TF_RETURN_IF_ERROR(
+        StateVariableNames(config.table_descriptor(t).optimization_parameters(), &names));
     for (int i = 1; i < static_cast<int>(names.size()); ++i) {
       ShapeHandle slot, merged, from_config, unused;
       TF_RETURN_IF_ERROR(c->WithRank(groups[i][t], 2, &slot));
@@ -325,30 +323,24 @@ absl::Status RetrieveAllShapeFn(InferenceContext* c) {
     std::vector<ShapeHandle> outputs;
     for (int t = 0; t < config.table_descriptor_size(); ++t) {
       std::vector<std::string> names;
-      TF_RETURN_IF_ERROR(StateVariableNames(
-          config.table_descriptor(t).optimization_parameters(), &names));
+      TF_RETURN_IF_ERROR(
+          StateVariableNames(config.table_descriptor(t).optimization_parameters(), &names));
       ShapeHandle shape;
       TF_RETURN_IF_ERROR(c->MakeShapeFromShapeProto(
-          i < static_cast<int>(names.size()) ? table_shapes[t]
-                                              : MakeShapeProto({0, 0}),
-          &shape));
+          i < static_cast<int>(names.size()) ? table_shapes[t] : MakeShapeProto({0, 0}), &shape));
       outputs.push_back(shape);
     }
-    TF_RETURN_IF_ERROR(c->set_output(
-        i == 0 ? std::string("parameters") : absl::StrCat("auxiliary", i),
-        outputs));
+    TF_RETURN_IF_ERROR(
+        c->set_output(i == 0 ? std::string("parameters") : absl::StrCat("auxiliary", i), outputs));
   }
   return absl::OkStatus();
 }
 
 void RegisterAllTablesOps(const std::string& prefix) {
-  OpDefBuilderWrapper load(
-      absl::StrCat(prefix, "LoadAllTPUEmbeddingParameters").c_str());
-  OpDefBuilderWrapper retrieve(
-      absl::StrCat(prefix, "RetrieveAllTPUEmbeddingParameters").c_str());
+  OpDefBuilderWrapper load(absl::StrCat(prefix, "LoadAllTPUEmbeddingParameters").c_str());
+  OpDefBuilderWrapper retrieve(absl::StrCat(prefix, "RetrieveAllTPUEmbeddingParameters").c_str());
   for (int i = 0; i < kMaxStateVariables; ++i) {
-    const std::string group =
-        i == 0 ? std::string("parameters") : absl::StrCat("auxiliary", i);
+    const std::string group = i == 0 ? std::string("parameters") : absl::StrCat("auxiliary", i);
     load.Input(absl::StrCat(group, ": NumTables * float"));
     retrieve.Output(absl::StrCat(group, ": NumTables * float"));
   }
@@ -370,14 +362,12 @@ constexpr char kPrefix[] = TTE_PREFIX;
 
 bool RegisterGeneratedOps() {
   const std::string p = kPrefix;
-  RegisterEnqueueOp(p + "EnqueueTPUEmbeddingSparseTensorBatch",
-                    "sample_indices", /*dynamic=*/false, /*has_table_ids=*/true);
-  RegisterEnqueueOp(p + "EnqueueTPUEmbeddingRaggedTensorBatch", "sample_splits",
-                    false, true);
-  RegisterEnqueueOp(p + "DynamicEnqueueTPUEmbeddingRaggedTensorBatch",
-                    "sample_splits", true, true);
-  RegisterEnqueueOp(p + "EnqueueTPUEmbeddingArbitraryTensorBatch",
-                    "sample_indices_or_row_splits", false, false);
+  RegisterEnqueueOp(p + "EnqueueTPUEmbeddingSparseTensorBatch", "sample_indices", /*dynamic=*/false,
+                    /*has_table_ids=*/true);
+  RegisterEnqueueOp(p + "EnqueueTPUEmbeddingRaggedTensorBatch", "sample_splits", false, true);
+  RegisterEnqueueOp(p + "DynamicEnqueueTPUEmbeddingRaggedTensorBatch", "sample_splits", true, true);
+  RegisterEnqueueOp(p + "EnqueueTPUEmbeddingArbitraryTensorBatch", "sample_indices_or_row_splits",
+                    false, false);
   RegisterEnqueueOp(p + "DynamicEnqueueTPUEmbeddingArbitraryTensorBatch",
                     "sample_indices_or_row_splits", true, false);
   RegisterTableLoadRetrieveOps(p);

@@ -448,7 +448,9 @@ def sparsecore_header(specs):
             "};", "",
             "inline const std::vector<OpDef>& OpDefs() {",
             "  static const auto* const kAll = new std::vector<OpDef>{"]
-    q = lambda xs: "{%s}" % ", ".join('"%s"' % x for x in xs)
+    def q(xs):
+        return "{%s}" % ", ".join('"%s"' % x for x in xs)
+
     for sc in (s for s in sc_infos if s.tf_ops):
         out += ['      {Opt::%s, "%s", %s,' % (sc.enum, sc.name, q(sc.slots)),
                 "       %s," % q(_sc_attr(h) for h in sc.grad_attrs),

@@ -47,7 +47,10 @@ static void check(const char* what) {
 
 /* ---- the config: a few protobuf fields, written by hand ---------------- */
 
-typedef struct { unsigned char data[256]; size_t n; } Buffer;
+typedef struct {
+  unsigned char data[256];
+  size_t n;
+} Buffer;
 
 static void put_varint(Buffer* b, unsigned long long v) {
   do {
@@ -58,20 +61,20 @@ static void put_varint(Buffer* b, unsigned long long v) {
 }
 
 static void put_int(Buffer* b, int field, unsigned long long v) {
-  put_varint(b, (unsigned long long)field << 3);  /* wire type 0: varint */
+  put_varint(b, (unsigned long long)field << 3); /* wire type 0: varint */
   put_varint(b, v);
 }
 
 static void put_bytes(Buffer* b, int field, const void* data, size_t n) {
-  put_varint(b, ((unsigned long long)field << 3) | 2);  /* wire type 2: length-delimited */
+  put_varint(b, ((unsigned long long)field << 3) | 2); /* wire type 2: length-delimited */
   put_varint(b, n);
   memcpy(b->data + b->n, data, n);
   b->n += n;
 }
 
 static void put_float(Buffer* b, int field, float f) {
-  put_varint(b, ((unsigned long long)field << 3) | 5);  /* wire type 5: 32-bit */
-  memcpy(b->data + b->n, &f, 4);  /* little-endian hosts (x86-64, arm64) */
+  put_varint(b, ((unsigned long long)field << 3) | 5); /* wire type 5: 32-bit */
+  memcpy(b->data + b->n, &f, 4);                       /* little-endian hosts (x86-64, arm64) */
   b->n += 4;
 }
 
@@ -82,19 +85,19 @@ static void put_float(Buffer* b, int field, float f) {
 static Buffer make_config(void) {
   Buffer rate = {{0}, 0}, adagrad = {{0}, 0}, optimizer = {{0}, 0}, table = {{0}, 0};
   Buffer config = {{0}, 0};
-  put_float(&rate, 1, LR);                               /* LearningRate.constant */
-  put_bytes(&optimizer, 13, rate.data, rate.n);          /* .learning_rate */
-  put_bytes(&optimizer, 3, adagrad.data, adagrad.n);     /* .adagrad {} */
-  put_bytes(&table, 1, "video", 5);                      /* TableDescriptor.name */
-  put_int(&table, 2, VOCAB);                             /* .vocabulary_size */
-  put_int(&table, 3, DIM);                               /* .dimension */
-  put_int(&table, 4, 1);                                 /* .num_features */
-  put_bytes(&table, 5, optimizer.data, optimizer.n);     /* .optimization_parameters */
-  put_bytes(&config, 1, table.data, table.n);            /* .table_descriptor */
-  put_int(&config, 2, 2);                                /* .mode = TRAINING */
-  put_int(&config, 3, BATCH);                            /* .batch_size_per_tensor_core */
-  put_int(&config, 4, 1);                                /* .num_hosts */
-  put_int(&config, 5, 1);                                /* .num_tensor_cores */
+  put_float(&rate, 1, LR);                           /* LearningRate.constant */
+  put_bytes(&optimizer, 13, rate.data, rate.n);      /* .learning_rate */
+  put_bytes(&optimizer, 3, adagrad.data, adagrad.n); /* .adagrad {} */
+  put_bytes(&table, 1, "video", 5);                  /* TableDescriptor.name */
+  put_int(&table, 2, VOCAB);                         /* .vocabulary_size */
+  put_int(&table, 3, DIM);                           /* .dimension */
+  put_int(&table, 4, 1);                             /* .num_features */
+  put_bytes(&table, 5, optimizer.data, optimizer.n); /* .optimization_parameters */
+  put_bytes(&config, 1, table.data, table.n);        /* .table_descriptor */
+  put_int(&config, 2, 2);                            /* .mode = TRAINING */
+  put_int(&config, 3, BATCH);                        /* .batch_size_per_tensor_core */
+  put_int(&config, 4, 1);                            /* .num_hosts */
+  put_int(&config, 5, 1);                            /* .num_tensor_cores */
   return config;
 }
 
@@ -147,9 +150,9 @@ static TF_Output binary(const char* type, const char* name, TF_Output a, TF_Outp
   return out;
 }
 
-static void run(TF_Session* s, const TF_Output* inputs, TF_Tensor* const* input_values,
-                int ninputs, const TF_Output* fetch, TF_Tensor** values, int nfetch,
-                const TF_Operation* target, const char* what) {
+static void run(TF_Session* s, const TF_Output* inputs, TF_Tensor* const* input_values, int ninputs,
+                const TF_Output* fetch, TF_Tensor** values, int nfetch, const TF_Operation* target,
+                const char* what) {
   TF_SessionRun(s, NULL, inputs, input_values, ninputs, fetch, values, nfetch,
                 target ? &target : NULL, target ? 1 : 0, NULL, status);
   check(what);
@@ -202,7 +205,7 @@ int main(int argc, char** argv) {
   {
     TF_TString s;
     TF_TString_Init(&s);
-    TF_TString_Copy(&s, "unspecified", 11);  /* the config's mode: TRAINING */
+    TF_TString_Copy(&s, "unspecified", 11); /* the config's mode: TRAINING */
     TF_Tensor* t = TF_AllocateTensor(TF_STRING, NULL, 0, sizeof(TF_TString));
     memcpy(TF_TensorData(t), &s, sizeof s);
     mode = constant("mode", t);
@@ -226,8 +229,7 @@ int main(int argc, char** argv) {
    * with respect to it is the activations' gradient. */
   const float zero = 0;
   const int64_t one[1] = {1};
-  TF_Output embedding_variable = constant("embedding_variable",
-                                          tensor(TF_FLOAT, one, 1, &zero, 4));
+  TF_Output embedding_variable = constant("embedding_variable", tensor(TF_FLOAT, one, 1, &zero, 4));
   d = new_op("TPUEmbeddingActivations", "activations");
   TF_AddInput(d, embedding_variable);
   TF_AddInput(d, recv);
@@ -244,14 +246,14 @@ int main(int argc, char** argv) {
   TF_Output square = binary("Mul", "square", diff, diff);
   const int32_t axes[2] = {0, 1};
   const int64_t axes_dims[1] = {2};
-  TF_Output loss = binary("Sum", "loss", square,
-                          constant("axes", tensor(TF_INT32, axes_dims, 1, axes, 4)));
+  TF_Output loss =
+      binary("Sum", "loss", square, constant("axes", tensor(TF_INT32, axes_dims, 1, axes, 4)));
   TF_Output gradient;
   TF_AddGradients(graph, &loss, 1, &embedding_variable, 1, NULL, status, &gradient);
   check("TF_AddGradients");
   d = new_op("SendTPUEmbeddingGradients", "send");
   TF_AddInputList(d, &gradient, 1);
-  TF_AddInputList(d, NULL, 0);  /* no dynamic learning rates */
+  TF_AddInputList(d, NULL, 0); /* no dynamic learning rates */
   TF_SetAttrString(d, "config", config.data, config.n);
   TF_Operation* send = finish(d, "SendTPUEmbeddingGradients");
 

@@ -31,7 +31,6 @@ namespace sc = ::tf_tpu_emb::sparsecore;
 
 // InvalidArgument naming the op.
 
-
 // The chips and SparseCores a kernel's CSR buffers address (semantics §5
 // and "Multi-chip"): on the stand-in SparseCore TPU (core/sparsecore.h
 // ChipSystem) `chips` replicas of the system's SparseCores per chip -- TF
@@ -152,14 +151,13 @@ inline absl::Status NameTable(const absl::Status& s, const std::string& table) {
 
 // Every chip's local table shard has one shape (TF's stacked variable has
 // equal shards), checked where the chips meet.
-inline absl::Status SameShards(const std::string& op,
-                               const std::vector<const Tensor*>& tables) {
+inline absl::Status SameShards(const std::string& op, const std::vector<const Tensor*>& tables) {
   for (size_t k = 1; k < tables.size(); ++k) {
     if (tables[k]->shape() != tables[0]->shape()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          op, ": replica ", k, "'s table shard is ", tables[k]->shape().DebugString(),
-          ", replica 0's ", tables[0]->shape().DebugString(),
-          " (every chip holds an equal shard of the stacked table)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(op, ": replica ", k, "'s table shard is ", tables[k]->shape().DebugString(),
+                       ", replica 0's ", tables[0]->shape().DebugString(),
+                       " (every chip holds an equal shard of the stacked table)"));
     }
   }
   return absl::OkStatus();
@@ -170,8 +168,7 @@ inline absl::Status SameShards(const std::string& op,
 // replica's arrival and returns each one's status.
 inline void RunOnChips(OpKernelContext* ctx, AsyncOpKernel::DoneCallback done,
                        const std::string& op, const std::string& table, const Chips& chips,
-                       absl::Status status, std::shared_ptr<void> data,
-                       ChipRendezvous::Work work) {
+                       absl::Status status, std::shared_ptr<void> data, ChipRendezvous::Work work) {
   ChipArrival arrival{ctx, std::move(done), NameTable(status, table), std::move(data)};
   if (chips.chips == 1) {
     std::vector<ChipArrival> one{std::move(arrival)};
@@ -188,10 +185,12 @@ inline void RunOnChips(OpKernelContext* ctx, AsyncOpKernel::DoneCallback done,
   }
   const int replica = DeviceReplica(ctx);
   if (replica < 0 || replica >= chips.chips) {
-    ctx->SetStatus(absl::InvalidArgumentError(absl::StrCat(
-        op, ": runs on ", ctx->device()->name(), ", which is no replica of the SparseCore TPU "
-        "system's ", chips.chips, " (/device:CPU:0 .. /device:CPU:", chips.chips - 1,
-        ") (table '", table, "')")));
+    ctx->SetStatus(absl::InvalidArgumentError(
+        absl::StrCat(op, ": runs on ", ctx->device()->name(),
+                     ", which is no replica of the SparseCore TPU "
+                     "system's ",
+                     chips.chips, " (/device:CPU:0 .. /device:CPU:", chips.chips - 1, ") (table '",
+                     table, "')")));
     arrival.done();
     return;
   }
@@ -202,7 +201,6 @@ inline void RunOnChips(OpKernelContext* ctx, AsyncOpKernel::DoneCallback done,
                                  return r;
                                });
 }
-
 
 }  // namespace sc_kernels
 }  // namespace kernels

@@ -50,8 +50,7 @@ struct CooInput {
 
 // The sample splits of `split` (dense: empty; SparseTensor indices: a
 // matrix; ragged row splits: a vector), every form checked (§1, ours).
-absl::Status SampleSplits(const std::string& op, const Tensor& split, int64_t n,
-                          CooInput* in) {
+absl::Status SampleSplits(const std::string& op, const Tensor& split, int64_t n, CooInput* in) {
   const int64_t sample_count = in->sample_count;
   if (split.dims() == 1 && split.NumElements() == 0) {  // dense
     if (n != 0 && n != sample_count) {
@@ -73,10 +72,9 @@ absl::Status SampleSplits(const std::string& op, const Tensor& split, int64_t n,
                                       " rows of indices for ", n, " values"));
     }
     if (n > 0 && split.dim_size(1) != 2) {
-      return Invalid(op, absl::StrCat(
-                             "indices of a SparseTensor must have 2 columns (a rank-2 "
-                             "SparseTensor: higher ranks need shape strides), got ",
-                             split.dim_size(1)));
+      return Invalid(op, absl::StrCat("indices of a SparseTensor must have 2 columns (a rank-2 "
+                                      "SparseTensor: higher ranks need shape strides), got ",
+                                      split.dim_size(1)));
     }
     const int32_t* idx = split.flat<int32_t>().data();
     std::vector<int32_t>& s = in->own_splits;
@@ -102,9 +100,9 @@ absl::Status SampleSplits(const std::string& op, const Tensor& split, int64_t n,
   }
   if (split.dims() == 1) {  // ragged row splits
     if (split.NumElements() != sample_count + 1) {
-      return Invalid(op, absl::StrCat("ragged row_splits have ", split.NumElements(),
-                                      " elements; sample_count + 1 = ", sample_count + 1,
-                                      " expected"));
+      return Invalid(op,
+                     absl::StrCat("ragged row_splits have ", split.NumElements(),
+                                  " elements; sample_count + 1 = ", sample_count + 1, " expected"));
     }
     const int32_t* s = split.flat<int32_t>().data();
     if (s[0] != 0) {
@@ -112,8 +110,8 @@ absl::Status SampleSplits(const std::string& op, const Tensor& split, int64_t n,
     }
     for (int64_t r = 1; r <= sample_count; ++r) {
       if (s[r] < s[r - 1]) {
-        return Invalid(op, absl::StrCat("row_splits[", r, "] = ", s[r], " is smaller than row_splits[",
-                                        r - 1, "] = ", s[r - 1]));
+        return Invalid(op, absl::StrCat("row_splits[", r, "] = ", s[r],
+                                        " is smaller than row_splits[", r - 1, "] = ", s[r - 1]));
       }
     }
     if (s[sample_count] != n) {
@@ -135,8 +133,8 @@ absl::Status ReadCoo(const std::string& op, const Tensor& split, const Tensor& v
   const int64_t n = values.NumElements();
   if (n > kInt32Max) return Invalid(op, absl::StrCat(n, " values exceed int32"));
   if (weights.dims() > 1 || (weights.dims() == 1 && weights.NumElements() != n)) {
-    return Invalid(op, absl::StrCat("weights must be a scalar or have one element per value (",
-                                    n, "), got shape ", weights.shape().DebugString()));
+    return Invalid(op, absl::StrCat("weights must be a scalar or have one element per value (", n,
+                                    "), got shape ", weights.shape().DebugString()));
   }
   in->sample_count = sample_count;
   in->combiner = combiner;
@@ -153,9 +151,9 @@ absl::Status ReadCoo(const std::string& op, const Tensor& split, const Tensor& v
 // on the intra-op threads; each writes what one thread would.
 struct CooPart {
   int64_t begin = 0, end = 0;
-  int out = 0;         // the output list entry (SparseCore) it writes
-  int64_t kept = 0;    // tokens kept after adjacent deduplication
-  int64_t at = 0;      // its first position in that entry
+  int out = 0;       // the output list entry (SparseCore) it writes
+  int64_t kept = 0;  // tokens kept after adjacent deduplication
+  int64_t at = 0;    // its first position in that entry
   absl::Status status;
 };
 
@@ -189,8 +187,8 @@ void CountPart(const std::string& op, const CooInput& in, RowOf row_of, ColOf co
 // Pass 2 of a part: the kept tokens of each sample with their merged gains
 // (added in token order) times the sample's combiner scale.
 template <typename RowOf, typename ColOf>
-void WritePart(const CooInput& in, RowOf row_of, ColOf col_of, const CooPart& part,
-               int32_t* rows, int32_t* cols, float* gains) {
+void WritePart(const CooInput& in, RowOf row_of, ColOf col_of, const CooPart& part, int32_t* rows,
+               int32_t* cols, float* gains) {
   int64_t at = part.at;
   for (int64_t r = part.begin; r < part.end; ++r) {
     const int32_t lo = in.splits[r], hi = in.splits[r + 1];
@@ -279,8 +277,7 @@ absl::Status ReadCombiner(OpKernelConstruction* c, const std::string& op, sc::Co
 // Parts a thread when the batch is large enough to share (else one).
 int64_t PartsFor(OpKernelContext* ctx, int64_t tokens) {
   constexpr int64_t kTokensAPart = 4096;
-  return std::max<int64_t>(1, std::min<int64_t>(CpuPool(ctx)->NumThreads(),
-                                                tokens / kTokensAPart));
+  return std::max<int64_t>(1, std::min<int64_t>(CpuPool(ctx)->NumThreads(), tokens / kTokensAPart));
 }
 
 class ConvertToCooTensorOp : public OpKernel {
@@ -335,8 +332,8 @@ class ConvertToListOfSparseCoreCooTensorsOp : public OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("stacked_table_sample_count", &stacked_sample_count_));
     OP_REQUIRES_OK(c, ReadCombiner(c, op_, &combiner_));
     OP_REQUIRES(c, (num_sc_shards_ & (num_sc_shards_ - 1)) == 0,
-                Invalid(op_, absl::StrCat("num_sc_shards ", num_sc_shards_,
-                                          " is not a power of two.")));
+                Invalid(op_,
+                        absl::StrCat("num_sc_shards ", num_sc_shards_, " is not a power of two.")));
     OP_REQUIRES(c, sample_count_ % num_sc_ == 0,
                 Invalid(op_, absl::StrCat("sample_count ", sample_count_,
                                           " is not divisible by num_sc_per_chip ", num_sc_)));
@@ -361,26 +358,24 @@ class ConvertToListOfSparseCoreCooTensorsOp : public OpKernel {
       return ((c + shift) & mask) + (c & ~mask) + offset;
     };
     std::vector<CooPart> parts;
-    const int64_t pieces =
-        (PartsFor(ctx, in.splits[sample_count_]) + num_sc_ - 1) / num_sc_;
+    const int64_t pieces = (PartsFor(ctx, in.splits[sample_count_]) + num_sc_ - 1) / num_sc_;
     for (int s = 0; s < num_sc_; ++s) AddParts(s * per_sc, (s + 1) * per_sc, s, pieces, &parts);
     OpOutputList rows, cols, gains;
     OP_REQUIRES_OK(ctx, ctx->output_list("row_ids_list", &rows));
     OP_REQUIRES_OK(ctx, ctx->output_list("col_ids_list", &cols));
     OP_REQUIRES_OK(ctx, ctx->output_list("gains_list", &gains));
-    TTE_SC_OK(ctx, ConvertParts(
-                       ctx, op_, in, num_sc_, row_of, col_of, &parts,
-                       [&](int s, int64_t m, int32_t** rp, int32_t** cp, float** gp) {
-                         Tensor *r, *c, *g;
-                         const TensorShape shape({m});
-                         TF_RETURN_IF_ERROR(rows.allocate(s, shape, &r));
-                         TF_RETURN_IF_ERROR(cols.allocate(s, shape, &c));
-                         TF_RETURN_IF_ERROR(gains.allocate(s, shape, &g));
-                         *rp = r->flat<int32_t>().data();
-                         *cp = c->flat<int32_t>().data();
-                         *gp = g->flat<float>().data();
-                         return absl::OkStatus();
-                       }));
+    TTE_SC_OK(ctx, ConvertParts(ctx, op_, in, num_sc_, row_of, col_of, &parts,
+                                [&](int s, int64_t m, int32_t** rp, int32_t** cp, float** gp) {
+                                  Tensor *r, *c, *g;
+                                  const TensorShape shape({m});
+                                  TF_RETURN_IF_ERROR(rows.allocate(s, shape, &r));
+                                  TF_RETURN_IF_ERROR(cols.allocate(s, shape, &c));
+                                  TF_RETURN_IF_ERROR(gains.allocate(s, shape, &g));
+                                  *rp = r->flat<int32_t>().data();
+                                  *cp = c->flat<int32_t>().data();
+                                  *gp = g->flat<float>().data();
+                                  return absl::OkStatus();
+                                }));
   }
 
  private:
@@ -414,8 +409,8 @@ class SortedList {
     int64_t batch = 0;
     for (int s : sample_counts_) batch += s;
     if (batch <= 0 || batch > kInt32Max) {
-      return Invalid(op, absl::StrCat("the sum of sample_count_list (", batch,
-                                      ") must be positive"));
+      return Invalid(op,
+                     absl::StrCat("the sum of sample_count_list (", batch, ") must be positive"));
     }
     batch_ = static_cast<int32_t>(batch);
     const int64_t p = static_cast<int64_t>(num_replica) * num_sc;
@@ -536,25 +531,28 @@ class SortedList {
                             const Tensor& gains) const {
     const int64_t n = cols.NumElements();
     if (rows.NumElements() != n) {
-      return Invalid(op_, absl::StrCat("feature ", f, ": row ids and col ids should have same "
-                                       "elements. But got ", rows.NumElements(),
-                                       " elements for row ids and ", n, " elements for col ids."));
+      return Invalid(op_, absl::StrCat("feature ", f,
+                                       ": row ids and col ids should have same "
+                                       "elements. But got ",
+                                       rows.NumElements(), " elements for row ids and ", n,
+                                       " elements for col ids."));
     }
     if (gains.NumElements() != n) {
-      return Invalid(op_, absl::StrCat("feature ", f, ": gains and col ids should have same "
-                                       "elements. But got ", gains.NumElements(),
-                                       " elements for gains and ", n, " elements for col ids."));
+      return Invalid(op_, absl::StrCat("feature ", f,
+                                       ": gains and col ids should have same "
+                                       "elements. But got ",
+                                       gains.NumElements(), " elements for gains and ", n,
+                                       " elements for col ids."));
     }
     const int32_t* rp = rows.flat<int32_t>().data();
     const int32_t* cp = cols.flat<int32_t>().data();
     for (int64_t i = 0; i < n; ++i) {
       if ((cp[i] | rp[i]) >= 0) continue;
       if (cp[i] < 0) {
-        return Invalid(op_, absl::StrCat("col_ids_list[", f, "][", i, "] = ", cp[i],
-                                         " is negative"));
+        return Invalid(op_,
+                       absl::StrCat("col_ids_list[", f, "][", i, "] = ", cp[i], " is negative"));
       }
-      return Invalid(op_, absl::StrCat("row_ids_list[", f, "][", i, "] = ", rp[i],
-                                       " is negative"));
+      return Invalid(op_, absl::StrCat("row_ids_list[", f, "][", i, "] = ", rp[i], " is negative"));
     }
     return absl::OkStatus();
   }

@@ -51,8 +51,8 @@ class CooMatmulOp : public OpKernel {
     // only 0 rather than guess (semantics §5).
     const uint32_t offsets = offsets_t.scalar<uint32_t>()();
     OP_REQUIRES(ctx, offsets == 0,
-                absl::UnimplementedError(absl::StrCat(
-                    op_, ": offsets = ", offsets, " is not implemented on CPU (only 0)")));
+                absl::UnimplementedError(absl::StrCat(op_, ": offsets = ", offsets,
+                                                      " is not implemented on CPU (only 0)")));
     const auto rows = rows_t.vec<int32_t>();
     const auto cols = cols_t.vec<uint32_t>();
     const auto values = values_t.vec<float>();
@@ -87,8 +87,8 @@ class CooMatmulOp : public OpKernel {
     }
     const int64_t kept = static_cast<int64_t>(kept_rows.size());
     OP_REQUIRES(ctx, kept <= max_ids_,
-                Invalid(op_, absl::StrCat("the ", kept, " ids exceed max_ids_per_partition = ",
-                                          max_ids_)));
+                Invalid(op_, absl::StrCat("the ", kept,
+                                          " ids exceed max_ids_per_partition = ", max_ids_)));
     OP_REQUIRES(ctx, uniques <= max_uniques_,
                 Invalid(op_, absl::StrCat("the ", uniques,
                                           " unique ids exceed max_unique_ids_per_partition = ",

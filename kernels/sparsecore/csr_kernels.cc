@@ -93,10 +93,10 @@ absl::Status WriteCsr(OpKernelContext* ctx, const std::string& op, const std::st
       for (int64_t rep = 0; rep < p; ++rep) {
         // Without minibatching every bucket takes the replica's whole
         // segment (TF's loop, semantics §3).
-        const int64_t begin_pos = minibatching ? source.position(s, bounds[b - 1], rep)
-                                               : source.position(s, 0, rep);
-        const int64_t end_pos = minibatching ? source.position(s, bounds[b], rep)
-                                             : source.position(s, 1, rep);
+        const int64_t begin_pos =
+            minibatching ? source.position(s, bounds[b - 1], rep) : source.position(s, 0, rep);
+        const int64_t end_pos =
+            minibatching ? source.position(s, bounds[b], rep) : source.position(s, 1, rep);
         const int64_t begin = counts[begin_pos];
         int64_t count = counts[end_pos] - begin;
         if (at + count > max_ids) {
@@ -158,9 +158,9 @@ absl::Status WriteCsr(OpKernelContext* ctx, const std::string& op, const std::st
 // its SparseCores (semantics §4).
 absl::Status CheckSampleCount(const std::string& op, int sample_count, int num_sc) {
   if (sample_count % num_sc == 0) return absl::OkStatus();
-  return Invalid(op, absl::StrCat("sample_count ", sample_count,
-                                  " is not divisible by the number of sparsecores per chip ",
-                                  num_sc));
+  return Invalid(op,
+                 absl::StrCat("sample_count ", sample_count,
+                              " is not divisible by the number of sparsecores per chip ", num_sc));
 }
 
 // The attrs both CSR ops share (semantics §3): the table, the minibatch
@@ -178,8 +178,7 @@ struct CsrAttrs {
     int num_replica, sample_count, per_sample;
     TF_RETURN_IF_ERROR(c->GetAttr("table_name", &table));
     TF_RETURN_IF_ERROR(c->GetAttr("num_replica", &num_replica));
-    TF_RETURN_IF_ERROR(
-        c->GetAttr(per_sc ? "sample_count_per_sc" : "sample_count", &sample_count));
+    TF_RETURN_IF_ERROR(c->GetAttr(per_sc ? "sample_count_per_sc" : "sample_count", &sample_count));
     TF_RETURN_IF_ERROR(c->GetAttr("max_minibatches_per_sc", &max_minibatches));
     TF_RETURN_IF_ERROR(c->GetAttr("max_ids_per_chip_per_sample", &per_sample));
     TF_RETURN_IF_ERROR(c->GetAttr("num_sc_per_chip", &num_sc));
@@ -226,9 +225,8 @@ absl::Status CheckIdCounts(const std::string& op, const std::string& name,
   for (int64_t i = 0; i < counts.size(); ++i) {
     const int32_t prev = i == 0 ? 0 : counts(i - 1);
     if (counts(i) < prev || counts(i) > n) {
-      return Invalid(op, absl::StrCat(name, "[", i, "] = ", counts(i), " must lie in [", prev,
-                                      ", ", n, "] (non-decreasing, at most ", what,
-                                      " length)"));
+      return Invalid(op, absl::StrCat(name, "[", i, "] = ", counts(i), " must lie in [", prev, ", ",
+                                      n, "] (non-decreasing, at most ", what, " length)"));
     }
   }
   return absl::OkStatus();
@@ -265,19 +263,18 @@ class ConvertToSparseCoreCsrWrappedCooTensorOp : public OpKernel {
     for (int s = 0; s < num_sc; ++s) {
       const int64_t n = rows[s].NumElements();
       TTE_SC_CHECK(ctx, cols[s].NumElements() == n && gains[s].NumElements() == n,
-                   Invalid(op_, absl::StrCat("sparse core ", s, ": sorted row ids (", n,
-                                             "), col ids (", cols[s].NumElements(),
-                                             ") and gains (", gains[s].NumElements(),
-                                             ") must have the same length")));
-      TTE_SC_CHECK(ctx, id_counts[s].NumElements() == (minibatching ? minibatch_size : flat_size),
-                   Invalid(op_, absl::StrCat("The id counts should have either ", flat_size,
-                                             " elements when there is no minibatching or ",
-                                             minibatch_size,
-                                             " elements when there are multiple minibatches for "
-                                             "each sparsecore (the same for every sparse core). "
-                                             "But id_counts_list[",
-                                             s, "] has ", id_counts[s].NumElements(),
-                                             " elements.")));
+                   Invalid(op_,
+                           absl::StrCat("sparse core ", s, ": sorted row ids (", n, "), col ids (",
+                                        cols[s].NumElements(), ") and gains (",
+                                        gains[s].NumElements(), ") must have the same length")));
+      TTE_SC_CHECK(
+          ctx, id_counts[s].NumElements() == (minibatching ? minibatch_size : flat_size),
+          Invalid(op_, absl::StrCat("The id counts should have either ", flat_size,
+                                    " elements when there is no minibatching or ", minibatch_size,
+                                    " elements when there are multiple minibatches for "
+                                    "each sparsecore (the same for every sparse core). "
+                                    "But id_counts_list[",
+                                    s, "] has ", id_counts[s].NumElements(), " elements.")));
       const auto counts = id_counts[s].flat<int32_t>();
       OP_REQUIRES_OK(ctx, CheckIdCounts(op_, absl::StrCat("id_counts_list[", s, "]"), counts, n,
                                         "the sorted tensors'"));
@@ -295,9 +292,9 @@ class ConvertToSparseCoreCsrWrappedCooTensorOp : public OpKernel {
       (void)s;
       return minibatching ? rep * sc::kMaxDivisions + bound : rep + (bound > 0 ? 1 : 0);
     };
-    OP_REQUIRES_OK(ctx, WriteCsr(ctx, op_, a_.table, source, bounds, num_sc, p,
-                                 a_.sizes.row_pointers, a_.max_ids, allow_dropping_, total_ids,
-                                 minibatching));
+    OP_REQUIRES_OK(ctx,
+                   WriteCsr(ctx, op_, a_.table, source, bounds, num_sc, p, a_.sizes.row_pointers,
+                            a_.max_ids, allow_dropping_, total_ids, minibatching));
   }
 
  private:
@@ -356,8 +353,8 @@ class GetMinibatchSplitsWithPhysicalReplicaOp : public OpKernel {
                                              vocab_, ") (table_vocab_size)")));
     }
     const int64_t p = num_physical_, per_sc = sample_count_ / num_sc_;
-    const int64_t division = (static_cast<int64_t>(vocab_) + sc::kMaxDivisions - 1) /
-                             sc::kMaxDivisions;
+    const int64_t division =
+        (static_cast<int64_t>(vocab_) + sc::kMaxDivisions - 1) / sc::kMaxDivisions;
     const int64_t num_counts = sc::kMaxDivisions * num_sc_ * p;
     // Per SparseCore, its kept (deduplicated) ids in (col, position) order,
     // and the count of every (replica, division).
@@ -377,8 +374,8 @@ class GetMinibatchSplitsWithPhysicalReplicaOp : public OpKernel {
       SortAndMerge(rows.data(), cols.data(), gains.data(), first[s], first[s + 1], &kept[s],
                    [&](int32_t col, bool new_col) {
                      const int64_t rep = col % p;
-                     const int64_t bucket = std::min<int64_t>(col / division,
-                                                              sc::kMaxDivisions - 1);
+                     const int64_t bucket =
+                         std::min<int64_t>(col / division, sc::kMaxDivisions - 1);
                      ++count[(s * p + rep) * sc::kMaxDivisions + bucket];
                      ++ids[rep];
                      if (new_col) ++uniques[rep];
@@ -462,9 +459,8 @@ class GetMinibatchesInCsrWithPhysicalReplicaOp : public OpKernel {
     const int64_t num_counts = sc::kMaxDivisions * num_sc * p + 1;
     OP_REQUIRES(ctx, counts_t.NumElements() == num_counts,
                 Invalid(op_, absl::StrCat("id_counts has ", counts_t.NumElements(),
-                                          " elements; 64 divisions * ", num_sc,
-                                          " sparse cores * ", p, " replicas + 1 = ", num_counts,
-                                          " expected")));
+                                          " elements; 64 divisions * ", num_sc, " sparse cores * ",
+                                          p, " replicas + 1 = ", num_counts, " expected")));
     const auto counts = counts_t.flat<int32_t>();
     OP_REQUIRES_OK(ctx, CheckIdCounts(op_, "id_counts", counts, n, "the ids'"));
     std::vector<int> bounds;
@@ -558,9 +554,9 @@ class DynamicShapeCopyOp : public OpKernel {
       const int64_t bound = t.dims() == 0 ? 1 : t.dim_size(0);
       const int32_t n = size.scalar<int32_t>()();
       TTE_SC_CHECK(ctx, n >= 0 && n <= bound,
-                   Invalid(op_, absl::StrCat("unpadded_sizes[", i, "] = ", n, " is outside [0, ",
-                                             bound, "] (the first dimension of tensors[", i,
-                                             "])")));
+                   Invalid(op_,
+                           absl::StrCat("unpadded_sizes[", i, "] = ", n, " is outside [0, ", bound,
+                                        "] (the first dimension of tensors[", i, "])")));
     }
     for (int i = 0; i < num_tensors; ++i) ctx->set_output(i, ctx->input(i));
   }

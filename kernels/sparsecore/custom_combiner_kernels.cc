@@ -63,9 +63,9 @@ absl::Status ReadPosCsr(const std::string& op, OpKernelContext* ctx, const Tenso
   const int64_t group = sc::RoundUp(num_sc, sc::kXlaPadSize);
   const int64_t num_pointers = pointers_t.NumElements();
   if (num_pointers < num_sc * group) {
-    return Invalid(op, absl::StrCat("row_pointers has ", num_pointers, " entries; ", num_sc,
-                                    " sparse cores need ", num_sc * group, " (groups of ", group,
-                                    ")"));
+    return Invalid(op,
+                   absl::StrCat("row_pointers has ", num_pointers, " entries; ", num_sc,
+                                " sparse cores need ", num_sc * group, " (groups of ", group, ")"));
   }
   if (table.dim_size(0) % num_sc != 0) {
     return Invalid(op, absl::StrCat("the embedding table's ", table.dim_size(0),
@@ -88,10 +88,10 @@ absl::Status ReadPosCsr(const std::string& op, OpKernelContext* ctx, const Tenso
     if (!segment.empty()) return Invalid(op, segment);
     const int64_t shard = k % group, sample_sc = k / group;
     if (end > begin && (sample_sc >= num_sc || shard >= num_sc)) {
-      return Invalid(op, absl::StrCat(
-                             "row_pointers[", k, "]: segment ", shard, " of group ", sample_sc,
-                             " holds ids, but the custom-combiner ops read one minibatch of ",
-                             num_sc, " sparse cores with ", num_sc, " shards each"));
+      return Invalid(op,
+                     absl::StrCat("row_pointers[", k, "]: segment ", shard, " of group ", sample_sc,
+                                  " holds ids, but the custom-combiner ops read one minibatch of ",
+                                  num_sc, " sparse cores with ", num_sc, " shards each"));
     }
     for (int64_t i = begin; i < end; ++i) {
       const std::string bad = sc::CheckCsrId(i, samples(i), batch, tokens(i), shard_rows);
@@ -103,9 +103,8 @@ absl::Status ReadPosCsr(const std::string& op, OpKernelContext* ctx, const Tenso
       const int64_t sample = sample_sc * batch + samples(i);
       const int64_t slot = sample * max_valency + positions(i);
       if (used[slot]) {
-        return Invalid(op, absl::StrCat("sorted_pos_ids[", i, "] = ", positions(i),
-                                        ": sample ", sample, " already has an id at position ",
-                                        positions(i)));
+        return Invalid(op, absl::StrCat("sorted_pos_ids[", i, "] = ", positions(i), ": sample ",
+                                        sample, " already has an id at position ", positions(i)));
       }
       used[slot] = true;
       (*valencies)[sample] = std::max<int32_t>((*valencies)[sample], positions(i) + 1);
@@ -156,15 +155,15 @@ class CustomCombinerLookupOp : public OpKernel {
     const Tensor& weights = ctx->input(6);
     std::vector<PosId> ids;
     std::vector<int32_t> valency;
-    OP_REQUIRES_OK(ctx, ReadPosCsr(op_, ctx, table, num_sc_, input_size_, max_valency_, &ids,
-                                   &valency));
+    OP_REQUIRES_OK(ctx,
+                   ReadPosCsr(op_, ctx, table, num_sc_, input_size_, max_valency_, &ids, &valency));
     OP_REQUIRES_OK(ctx, CheckWeights(op_, "weights", weights, num_weights_));
     const int64_t width = table.dim_size(1);
     Tensor* valencies;
     Tensor* vectors;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({input_size_}), &valencies));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            2, TensorShape({input_size_, max_valency_, width}), &vectors));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({input_size_, max_valency_, width}),
+                                             &vectors));
     std::copy(valency.begin(), valency.end(), valencies->flat<int32_t>().data());
     float* v = vectors->flat<float>().data();
     std::fill_n(v, vectors->NumElements(), 0.0f);
@@ -192,7 +191,11 @@ class CustomCombinerLookupOp : public OpKernel {
 
 // Inputs 5-11 of every gradient op (after the buffers); the tables follow.
 enum : int {
-  kWeights = 5, kPreservedValencies, kPreservedVectors, kPreservedWeights, kActivationGradients
+  kWeights = 5,
+  kPreservedValencies,
+  kPreservedVectors,
+  kPreservedWeights,
+  kActivationGradients
 };
 
 // Per touched table row (in the order of its first id), its gradient.
@@ -232,28 +235,27 @@ class CombinerBackward {
     const Tensor& valencies = ctx->input(kPreservedValencies);
     const Tensor& vectors = ctx->input(kPreservedVectors);
     TF_RETURN_IF_ERROR(CheckShape(op_, "preserved_valencies", valencies, TensorShape({batch})));
-    TF_RETURN_IF_ERROR(CheckShape(op_, "preserved_vectors", vectors,
-                                  TensorShape({batch, max_valency_, width})));
+    TF_RETURN_IF_ERROR(
+        CheckShape(op_, "preserved_vectors", vectors, TensorShape({batch, max_valency_, width})));
     TF_RETURN_IF_ERROR(CheckWeights(op_, "weights", ctx->input(kWeights), num_weights_));
     TF_RETURN_IF_ERROR(
         CheckWeights(op_, "preserved_weights", ctx->input(kPreservedWeights), num_weights_));
     float lr_w = 0;
-    TF_RETURN_IF_ERROR(
-        ScalarValue(op_, "combiner_weights_learning_rate", weights_lr, &lr_w));
+    TF_RETURN_IF_ERROR(ScalarValue(op_, "combiner_weights_learning_rate", weights_lr, &lr_w));
     std::vector<PosId> ids;
     std::vector<int32_t> unused;
     TF_RETURN_IF_ERROR(ReadPosCsr(op_, ctx, table, num_sc_, batch, max_valency_, &ids, &unused));
     const auto val = valencies.vec<int32_t>();
     for (size_t i = 0; i < ids.size(); ++i) {
       if (ids[i].pos >= val(ids[i].sample)) {
-        return Invalid(op_, absl::StrCat("the id at sorted_pos_ids[", i, "] (sample ",
-                                         ids[i].sample, ", position ", ids[i].pos,
-                                         ") lies beyond preserved_valencies[", ids[i].sample,
-                                         "] = ", val(ids[i].sample)));
+        return Invalid(op_,
+                       absl::StrCat("the id at sorted_pos_ids[", i, "] (sample ", ids[i].sample,
+                                    ", position ", ids[i].pos, ") lies beyond preserved_valencies[",
+                                    ids[i].sample, "] = ", val(ids[i].sample)));
       }
     }
-    std::vector<Tensor> args = CombinerArgs(valencies, vectors,
-                                            ctx->input(kPreservedWeights), num_weights_);
+    std::vector<Tensor> args =
+        CombinerArgs(valencies, vectors, ctx->input(kPreservedWeights), num_weights_);
     args.push_back(grads);
     std::vector<Tensor> d_vectors, d_weights;
     UserFunction::Call table_vjp, weights_vjp;
@@ -288,7 +290,6 @@ class CombinerBackward {
     }
     return absl::OkStatus();
   }
-
 
  private:
   std::string op_;
@@ -351,8 +352,7 @@ class CustomCombinerGradOp : public OpKernel {
 // hyper-parameter broadcast to [1, width]; it returns the N updated rows.
 class CustomCombinerGradCustomOp : public OpKernel {
  public:
-  explicit CustomCombinerGradCustomOp(OpKernelConstruction* c)
-      : OpKernel(c), op_(BareOpName(c)) {
+  explicit CustomCombinerGradCustomOp(OpKernelConstruction* c) : OpKernel(c), op_(BareOpName(c)) {
     OP_REQUIRES_OK(c, backward_.Init(c, op_));
     OP_REQUIRES_OK(c, optimizer_.Init(c, op_, "optimizer_custom_computation"));
   }
@@ -366,20 +366,18 @@ class CustomCombinerGradCustomOp : public OpKernel {
     const int64_t rows = table.dim_size(0), width = table.dim_size(1);
     const int n = tables.size();
     for (int i = 1; i < n; ++i) {
-      OP_REQUIRES(ctx, (tables[i].dims() == 1 || tables[i].dims() == 2) &&
-                           tables[i].dim_size(0) == rows,
-                  Invalid(op_, absl::StrCat("tables[", i, "] has shape ",
-                                            tables[i].shape().DebugString(), "; [", rows,
-                                            "] or [", rows, ", cols] expected")));
+      OP_REQUIRES(
+          ctx, (tables[i].dims() == 1 || tables[i].dims() == 2) && tables[i].dim_size(0) == rows,
+          Invalid(op_, absl::StrCat("tables[", i, "] has shape ", tables[i].shape().DebugString(),
+                                    "; [", rows, "] or [", rows, ", cols] expected")));
     }
     std::vector<float> hyper(hypers.size());
     for (int j = 0; j < hypers.size(); ++j) {
-      OP_REQUIRES_OK(ctx, ScalarValue(op_, absl::StrCat("hyperparameters[", j, "]"),
-                                               hypers[j], &hyper[j]));
+      OP_REQUIRES_OK(ctx, ScalarValue(op_, absl::StrCat("hyperparameters[", j, "]"), hypers[j],
+                                      &hyper[j]));
     }
     RowGradients grads;
-    OP_REQUIRES_OK(ctx,
-                   backward_.Run(ctx, table, ctx->input(ctx->num_inputs() - 1), n, &grads));
+    OP_REQUIRES_OK(ctx, backward_.Run(ctx, table, ctx->input(ctx->num_inputs() - 1), n, &grads));
     std::vector<float*> out(n);
     std::vector<int64_t> cols(n);
     for (int i = 0; i < n; ++i) {

@@ -35,7 +35,6 @@ namespace kernels {
 namespace sc_kernels {
 namespace {
 
-
 // One replica's checked inputs.
 struct CustomInput {
   std::vector<Tensor> tables;
@@ -58,9 +57,10 @@ class CsrGradCustomOp : public AsyncOpKernel {
     OP_REQUIRES_OK(c, ReadChips(c, op_, &chips_));
     // Ours: no undo log for a user's optimizer (semantics "Pipelining").
     OP_REQUIRES(c, !Pipelined(c),
-                absl::UnimplementedError(absl::StrCat(
-                    op_, ": pipeline_execution_with_tensor_core with a custom_computation "
-                    "optimizer is not implemented on the CPU stand-in")));
+                absl::UnimplementedError(
+                    absl::StrCat(op_,
+                                 ": pipeline_execution_with_tensor_core with a custom_computation "
+                                 "optimizer is not implemented on the CPU stand-in")));
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
@@ -91,9 +91,9 @@ class CsrGradCustomOp : public AsyncOpKernel {
     }
     for (int i = 1; i < tables.size(); ++i) {
       if (!((tables[i].dims() == 1 || tables[i].dims() == 2) && tables[i].dim_size(0) == rows)) {
-        return Invalid(op_, absl::StrCat("tables[", i, "] has shape ",
-                                         tables[i].shape().DebugString(), "; [", rows, "] or [",
-                                         rows, ", cols] expected"));
+        return Invalid(op_,
+                       absl::StrCat("tables[", i, "] has shape ", tables[i].shape().DebugString(),
+                                    "; [", rows, "] or [", rows, ", cols] expected"));
       }
     }
     for (int i = 0; i < tables.size(); ++i) in->tables.push_back(tables[i]);
@@ -152,8 +152,8 @@ class CsrGradCustomOp : public AsyncOpKernel {
       return absl::InternalError(absl::StrCat(op, ": no function library runtime"));
     }
     ::tensorflow::FunctionLibraryRuntime::Handle handle;
-    TF_RETURN_IF_ERROR(flr->Instantiate(func.name(), ::tensorflow::AttrSlice(&func.attr()),
-                                        &handle));
+    TF_RETURN_IF_ERROR(
+        flr->Instantiate(func.name(), ::tensorflow::AttrSlice(&func.attr()), &handle));
     ::tensorflow::FunctionLibraryRuntime::Options opts;
     opts.runner = ctx->runner();
     opts.cancellation_manager = ctx->cancellation_manager();
@@ -162,8 +162,8 @@ class CsrGradCustomOp : public AsyncOpKernel {
     std::vector<Tensor> args;
     args.emplace_back(::tensorflow::DT_FLOAT, TensorShape({1, width}));
     for (int i = 0; i < n_tables; ++i) {
-      args.emplace_back(::tensorflow::DT_FLOAT, cols[i] ? TensorShape({1, cols[i]})
-                                                        : TensorShape({1}));
+      args.emplace_back(::tensorflow::DT_FLOAT,
+                        cols[i] ? TensorShape({1, cols[i]}) : TensorShape({1}));
     }
     for (float h : in->hyper) {
       args.emplace_back(::tensorflow::DT_FLOAT, TensorShape({1, width}));
@@ -185,10 +185,9 @@ class CsrGradCustomOp : public AsyncOpKernel {
       for (int i = 0; i < n_tables; ++i) {
         const int64_t n = cols[i] ? cols[i] : 1;
         if (rets[i].dtype() != ::tensorflow::DT_FLOAT || rets[i].NumElements() != n) {
-          return Invalid(op, absl::StrCat("custom_computation's output ", i, " is ",
-                                          rets[i].DebugString(), "; ", n,
-                                          " float32 elements (one row of tables[", i,
-                                          "]) expected"));
+          return Invalid(
+              op, absl::StrCat("custom_computation's output ", i, " is ", rets[i].DebugString(),
+                               "; ", n, " float32 elements (one row of tables[", i, "]) expected"));
         }
         std::copy_n(rets[i].flat<float>().data(), n, out[i] + row * n);
       }

@@ -56,8 +56,8 @@ inline absl::Status CheckShape(const std::string& op, const std::string& name, c
 inline absl::Status ScalarValue(const std::string& op, const std::string& name, const Tensor& t,
                                 float* out) {
   if (t.NumElements() != 1 || t.dims() > 1) {
-    return Invalid(op, absl::StrCat(name, " must be a scalar, got shape ",
-                                    t.shape().DebugString()));
+    return Invalid(op,
+                   absl::StrCat(name, " must be a scalar, got shape ", t.shape().DebugString()));
   }
   *out = t.flat<float>()(0);
   return absl::OkStatus();
@@ -93,16 +93,15 @@ inline absl::Status RefuseQuantization(OpKernelConstruction* c, const std::strin
   int buckets;
   TF_RETURN_IF_ERROR(c->GetAttr("quantization_config_num_buckets", &buckets));
   if (buckets != 0) {
-    return absl::UnimplementedError(absl::StrCat(
-        op, ": lookup quantization (quantization_config_num_buckets = ", buckets,
-        ") is not implemented on CPU"));
+    return absl::UnimplementedError(
+        absl::StrCat(op, ": lookup quantization (quantization_config_num_buckets = ", buckets,
+                     ") is not implemented on CPU"));
   }
   return absl::OkStatus();
 }
 
 // Copies `in` into a new output `index` of its shape.
-inline absl::Status CopyToOutput(OpKernelContext* ctx, int index, const Tensor& in,
-                                 float** data) {
+inline absl::Status CopyToOutput(OpKernelContext* ctx, int index, const Tensor& in, float** data) {
   Tensor* out;
   TF_RETURN_IF_ERROR(ctx->allocate_output(index, in.shape(), &out));
   if (in.NumElements() > 0) {  // an empty tensor's data may be null
@@ -173,12 +172,10 @@ inline absl::Status ReadGradAttrs(OpKernelConstruction* c, const std::string& op
   if (out->clip_min > out->clip_max) {
     return Invalid(op, absl::StrCat("clip_weight_min must be smaller or equal to clip_weight_max "
                                     "but got clip_weight_min as ",
-                                    out->clip_min, " and clip_weight_max as ", out->clip_max,
-                                    "."));
+                                    out->clip_min, " and clip_weight_max as ", out->clip_max, "."));
   }
-  TF_RETURN_IF_ERROR(ReadAttrs(c, [&](auto&& visit) {
-    return sc_opt::VisitGradAttrs(o, &out->hyper, visit);
-  }));
+  TF_RETURN_IF_ERROR(
+      ReadAttrs(c, [&](auto&& visit) { return sc_opt::VisitGradAttrs(o, &out->hyper, visit); }));
   return CheckNonzeroHypers(op, *out);
 }
 
@@ -240,8 +237,8 @@ class UserFunction {
     if (call->flr_ == nullptr) {
       return absl::InternalError(absl::StrCat(op_, ": no function library runtime"));
     }
-    TF_RETURN_IF_ERROR(call->flr_->Instantiate(
-        func_.name(), ::tensorflow::AttrSlice(&func_.attr()), &call->handle_));
+    TF_RETURN_IF_ERROR(call->flr_->Instantiate(func_.name(), ::tensorflow::AttrSlice(&func_.attr()),
+                                               &call->handle_));
     call->opts_.runner = ctx->runner();
     call->opts_.cancellation_manager = ctx->cancellation_manager();
     call->opts_.rendezvous = ctx->rendezvous();

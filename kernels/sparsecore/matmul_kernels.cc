@@ -31,9 +31,9 @@
 #include "core/cpu_dispatch.h"
 #include "core/optimizers.h"
 #include "core/sparsecore.h"
-#include "kernels/sparsecore/huge_page_allocator.h"
 #include "kernels/registration.h"
 #include "kernels/sparsecore/chips.h"
+#include "kernels/sparsecore/huge_page_allocator.h"
 #include "kernels/sparsecore/pipeline.h"
 #include "kernels/sparsecore/row_runs.h"
 #include "tensorflow/core/framework/resource_mgr.h"
@@ -47,8 +47,6 @@ namespace {
 
 namespace sc = ::tf_tpu_emb::sparsecore;
 
-
-
 // ------------------------------------------------------------ §5 the lookup
 
 struct LookupInput {
@@ -59,8 +57,8 @@ struct LookupInput {
 // that range adds gain * its row (buffer order).  Carries the CPU dispatch
 // of core/cpu_dispatch.h.
 TF_TPU_EMB_CPU_DISPATCH
-void GatherIds(const CsrId* ids, int64_t n, const float* const* shards, int64_t width,
-               float* act, int64_t first, int64_t last) {
+void GatherIds(const CsrId* ids, int64_t n, const float* const* shards, int64_t width, float* act,
+               int64_t first, int64_t last) {
   std::fill(act + first * width, act + last * width, 0.0f);
   constexpr int64_t kAhead = 32;  // rows and activations prefetched ahead
   for (int64_t i = 0; i < n; ++i) {
@@ -115,9 +113,7 @@ class CsrLookupOp : public AsyncOpKernel {
     const int64_t input_size = input_size_;
     const std::string op = op_;
     // Pipelined: the table's undo log (kernels/sparsecore/pipeline.h), taken by this lookup.
-    const std::string log = pipelined_ ? UndoLogs::Key(table_,
-                                                                            chips_.generation)
-                                       : std::string();
+    const std::string log = pipelined_ ? UndoLogs::Key(table_, chips_.generation) : std::string();
     RunOnChips(ctx, std::move(done), op_, table_, chips_, status, in,
                [input_size, op, log](std::vector<ChipArrival>& a) {
                  std::vector<const Tensor*> tables;
@@ -146,14 +142,13 @@ class CsrLookupOp : public AsyncOpKernel {
                    // adds its samples' ids in buffer order (the result does
                    // not depend on the thread count).
                    ::tsl::thread::ThreadPool* pool = CpuPool(a[k].ctx);
-                   const int64_t parts = std::max<int64_t>(
-                       1, std::min<int64_t>(pool->NumThreads(), input_size));
+                   const int64_t parts =
+                       std::max<int64_t>(1, std::min<int64_t>(pool->NumThreads(), input_size));
                    const int64_t cost = static_cast<int64_t>(ids.size()) * width * 4;
                    pool->ParallelFor(parts, cost, [&](int64_t begin, int64_t end) {
                      for (int64_t p = begin; p < end; ++p) {
-                       GatherIds(ids.data(), static_cast<int64_t>(ids.size()), shards.data(),
-                                 width, act, input_size * p / parts,
-                                 input_size * (p + 1) / parts);
+                       GatherIds(ids.data(), static_cast<int64_t>(ids.size()), shards.data(), width,
+                                 act, input_size * p / parts, input_size * (p + 1) / parts);
                      }
                    });
                  }
@@ -169,7 +164,6 @@ class CsrLookupOp : public AsyncOpKernel {
   bool pipelined_ = false;
 };
 // ------------------------------------------------- §6 gradient and optimizer
-
 
 // Inputs: row_pointers, sorted_sample_ids, sorted_token_ids, sorted_gains,
 // activation_gradients, learning_rate, embedding_table, slots...,
@@ -202,8 +196,8 @@ absl::Status InPlaceState(OpKernelContext* ctx, const std::string& op, int index
       ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, index), &var));
   ::tensorflow::mutex_lock lock(*var->mu());
   if (!var->is_initialized || var->tensor()->dtype() != ::tensorflow::DT_FLOAT) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        op, ": input ", index, " is not an initialized float32 variable"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(op, ": input ", index, " is not an initialized float32 variable"));
   }
   // A large variable not yet in huge pages moves there once (its rows are
   // random reads and writes: kernels/sparsecore/huge_page_allocator.h).
@@ -216,8 +210,8 @@ absl::Status InPlaceState(OpKernelContext* ctx, const std::string& op, int index
     if (move) {
       copy = Tensor(huge, ::tensorflow::DT_FLOAT, now.shape());
       if (!copy.IsInitialized()) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            op, ": cannot allocate ", now.TotalBytes(), " bytes for input ", index));
+        return absl::ResourceExhaustedError(
+            absl::StrCat(op, ": cannot allocate ", now.TotalBytes(), " bytes for input ", index));
       }
     } else {
       TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_FLOAT, now.shape(), &copy));
@@ -320,8 +314,8 @@ class CsrGradOp : public AsyncOpKernel {
             keys.assign(cap, -1);
             slot_of.resize(cap);
             for (size_t t = 0; t < touched->size(); ++t) {
-              uint64_t r = (static_cast<uint64_t>((*touched)[t]) * 0xC2B2AE3D27D4EB4Full) &
-                           (cap - 1);
+              uint64_t r =
+                  (static_cast<uint64_t>((*touched)[t]) * 0xC2B2AE3D27D4EB4Full) & (cap - 1);
               while (keys[r] != -1) r = (r + 1) & (cap - 1);
               keys[r] = (*touched)[t];
               slot_of[r] = static_cast<int64_t>(t);
@@ -367,7 +361,7 @@ class CsrGradOp : public AsyncOpKernel {
     for (ChipArrival& x : a) {
       const std::vector<CsrId>& ids = InputOf(x)->ids;
       sorted = sorted && AppendRuns(ids.data(), static_cast<int64_t>(ids.size()),
-                                             x.ctx->input(4).flat<float>().data(), &runs);
+                                    x.ctx->input(4).flat<float>().data(), &runs);
     }
     for (size_t c = 0; c < a.size(); ++c) {
       GradInput* in = InputOf(a[c]);
@@ -400,8 +394,7 @@ class CsrGradOp : public AsyncOpKernel {
           sum.resize(width);
           for (int64_t p = begin; p < end; ++p) {
             SumAndUpdateRows(opt, w, kSlots, runs.data(), static_cast<int>(runs.size()),
-                                      static_cast<int64_t>(c), cuts[p], cuts[p + 1], width, lr,
-                                      sum.data());
+                             static_cast<int64_t>(c), cuts[p], cuts[p + 1], width, lr, sum.data());
           }
         });
         continue;

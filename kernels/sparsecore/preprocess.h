@@ -22,21 +22,21 @@ namespace sc_kernels {
 
 inline constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 
-#define TTE_SC_CHECK(ctx, cond, status)      \
-  do {                                       \
-    if (!(cond)) {                           \
+#define TTE_SC_CHECK(ctx, cond, status)                \
+  do {                                                 \
+    if (!(cond)) {                                     \
       (ctx)->CtxFailure(__FILE__, __LINE__, (status)); \
-      return;                                \
-    }                                        \
+      return;                                          \
+    }                                                  \
   } while (0)
 
-#define TTE_SC_OK(ctx, expr)                                  \
-  do {                                                        \
-    const absl::Status _st = (expr);                          \
-    if (!_st.ok()) {                                          \
-      (ctx)->CtxFailure(__FILE__, __LINE__, _st);             \
-      return;                                                 \
-    }                                                         \
+#define TTE_SC_OK(ctx, expr)                      \
+  do {                                            \
+    const absl::Status _st = (expr);              \
+    if (!_st.ok()) {                              \
+      (ctx)->CtxFailure(__FILE__, __LINE__, _st); \
+      return;                                     \
+    }                                             \
   } while (0)
 
 inline absl::Status RankOne(const std::string& op, const char* name, const Tensor& t) {
@@ -119,9 +119,9 @@ void RadixByCol(std::vector<Key>* keys, int pos_bits, int col_bits) {
 // sort_col is col with its low `rotate` bits moved above the others, so
 // the kept tokens come in (col mod 2^rotate, col) order.
 template <typename Key, typename OnKept>
-void SortAndMergeWith(const int32_t* rows, const int32_t* cols, const float* gains,
-                      int64_t begin, int64_t end, int rotate, int high_bits, int pos_bits,
-                      std::vector<Kept>* kept, OnKept on_kept) {
+void SortAndMergeWith(const int32_t* rows, const int32_t* cols, const float* gains, int64_t begin,
+                      int64_t end, int rotate, int high_bits, int pos_bits, std::vector<Kept>* kept,
+                      OnKept on_kept) {
   const int64_t n = end - begin;
   const Key low_mask = (Key{1} << rotate) - 1;
   std::vector<Key> keys(n);

@@ -80,15 +80,15 @@ class ChipRendezvous {
     return *r;
   }
 
-  void Arrive(const std::string& op, const std::string& table, int64_t generation,
-              int64_t replica, int64_t replicas, ChipArrival arrival, Work work) {
+  void Arrive(const std::string& op, const std::string& table, int64_t generation, int64_t replica,
+              int64_t replicas, ChipArrival arrival, Work work) {
     // The step timeout, as the engine's waits read it (a bad value is every
     // replica's InvalidArgument, as it is the engine's).
     const absl::StatusOr<double> timeout = StepBarrier<int>::TimeoutFromEnvironment();
     if (!timeout.ok()) {
-      arrival.ctx->SetStatus(absl::Status(
-          timeout.status().code(), absl::StrCat(op, " (table '", table, "'): ",
-                                                timeout.status().message())));
+      arrival.ctx->SetStatus(
+          absl::Status(timeout.status().code(),
+                       absl::StrCat(op, " (table '", table, "'): ", timeout.status().message())));
       arrival.done();
       return;
     }
@@ -149,8 +149,8 @@ class ChipRendezvous {
           meetings_.erase({key, call});
           DeadlineTimer::Get().Remove(m->timer);
           // A step's counts go once every replica has come as often.
-          if (in_function && std::all_of(next.begin(), next.end(),
-                                         [&](int64_t c) { return c == next[0]; })) {
+          if (in_function &&
+              std::all_of(next.begin(), next.end(), [&](int64_t c) { return c == next[0]; })) {
             calls_.erase(key);
           }
         }
@@ -230,12 +230,13 @@ class ChipRendezvous {
       for (size_t k = 0; k < a.size(); ++k) {
         // The healthy replicas fail with the bad input's code (an
         // InvalidArgument step stays one), naming the replica that had it.
-        results[k] = a[k].status.ok()
-                         ? absl::Status(a[bad[0]].status.code(), absl::StrCat(
-                               What(*m), ": replica(s) ", absl::StrJoin(bad, ", "),
-                               " failed their input checks (replica ", bad[0], ": ",
-                               a[bad[0]].status.message(), ")"))
-                         : a[k].status;
+        results[k] =
+            a[k].status.ok()
+                ? absl::Status(a[bad[0]].status.code(),
+                               absl::StrCat(What(*m), ": replica(s) ", absl::StrJoin(bad, ", "),
+                                            " failed their input checks (replica ", bad[0], ": ",
+                                            a[bad[0]].status.message(), ")"))
+                : a[k].status;
       }
     } else {
       absl::Status caught = CatchExceptions(m->op, [&] { results = work(a); });
@@ -264,9 +265,11 @@ class ChipRendezvous {
       }
       m.failed = true;
       if (cancelled) {
-        m.failure = absl::StrCat(What(m), ": the step was cancelled (another op of it failed) "
-                                 "while replica(s) ", absl::StrJoin(missing, ", "), " of ",
-                                 m.present.size(), " had not arrived");
+        m.failure = absl::StrCat(What(m),
+                                 ": the step was cancelled (another op of it failed) "
+                                 "while replica(s) ",
+                                 absl::StrJoin(missing, ", "), " of ", m.present.size(),
+                                 " had not arrived");
         error = absl::CancelledError(m.failure);
       } else {
         m.failure = absl::StrCat(

@@ -33,7 +33,6 @@ namespace tf_tpu_emb {
 namespace kernels {
 namespace sc_kernels {
 
-
 // More runs than this (over all replicas) and the caller's general path is
 // cheaper than the k-way walk.
 inline constexpr int kMaxRuns = 64;
@@ -52,8 +51,7 @@ inline bool KeyLess(const CsrId& a, int64_t chip, int64_t row) {
 
 // Appends the runs of ids[0, n) to `runs`; false (and `runs` incomplete)
 // once more than kMaxRuns are found.
-inline bool AppendRuns(const CsrId* ids, int64_t n, const float* grads,
-                       std::vector<IdRun>* runs) {
+inline bool AppendRuns(const CsrId* ids, int64_t n, const float* grads, std::vector<IdRun>* runs) {
   int64_t start = 0;
   for (int64_t i = 1; i <= n; ++i) {
     if (i == n || KeyLess(ids[i], ids[i - 1].chip, ids[i - 1].row)) {
@@ -68,16 +66,14 @@ inline bool AppendRuns(const CsrId* ids, int64_t n, const float* grads,
 // Row cut points [0 = cut[0] < ... <= cut[parts] = rows] of chip `chip`'s
 // shard such that the parts hold about equally many ids (quantiles of rows
 // sampled evenly from each run).
-inline std::vector<int64_t> BalancedCuts(const std::vector<IdRun>& runs, int64_t chip,
-                                         int64_t rows, int64_t parts) {
+inline std::vector<int64_t> BalancedCuts(const std::vector<IdRun>& runs, int64_t chip, int64_t rows,
+                                         int64_t parts) {
   std::vector<int64_t> sample;
   for (const IdRun& r : runs) {
-    const CsrId* lo = std::lower_bound(r.begin, r.end, chip, [](const CsrId& a, int64_t c) {
-      return a.chip < c;
-    });
-    const CsrId* hi = std::lower_bound(lo, r.end, chip + 1, [](const CsrId& a, int64_t c) {
-      return a.chip < c;
-    });
+    const CsrId* lo = std::lower_bound(r.begin, r.end, chip,
+                                       [](const CsrId& a, int64_t c) { return a.chip < c; });
+    const CsrId* hi =
+        std::lower_bound(lo, r.end, chip + 1, [](const CsrId& a, int64_t c) { return a.chip < c; });
     const int64_t n = hi - lo;
     const int64_t take = std::min<int64_t>(n, 256);
     for (int64_t k = 0; k < take; ++k) sample.push_back(lo[k * n / take].row);
@@ -86,8 +82,7 @@ inline std::vector<int64_t> BalancedCuts(const std::vector<IdRun>& runs, int64_t
   std::vector<int64_t> cuts(parts + 1, rows);
   cuts[0] = 0;
   for (int64_t p = 1; p < parts; ++p) {
-    const int64_t at = sample.empty() ? rows * p / parts
-                                      : sample[sample.size() * p / parts];
+    const int64_t at = sample.empty() ? rows * p / parts : sample[sample.size() * p / parts];
     cuts[p] = std::max(cuts[p - 1], std::min(at, rows));
   }
   return cuts;
@@ -98,9 +93,9 @@ inline std::vector<int64_t> BalancedCuts(const std::vector<IdRun>& runs, int64_t
 // and clipping on the table `w[0]` and slots `w[1..slots]`.  Carries the
 // CPU dispatch of core/cpu_dispatch.h (Update is inlined into each clone).
 TF_TPU_EMB_CPU_DISPATCH
-void SumAndUpdateRows(const SparseCoreOptimizer& opt, float* const* w, int slots,
-                      const IdRun* runs, int num_runs, int64_t chip, int64_t lo, int64_t hi,
-                      int64_t width, float lr, float* sum) {
+void SumAndUpdateRows(const SparseCoreOptimizer& opt, float* const* w, int slots, const IdRun* runs,
+                      int num_runs, int64_t chip, int64_t lo, int64_t hi, int64_t width, float lr,
+                      float* sum) {
   const CsrId* cur[kMaxRuns];
   const CsrId* end[kMaxRuns];
   int64_t prefetched[kMaxRuns];
@@ -163,9 +158,8 @@ void SumAndUpdateRows(const SparseCoreOptimizer& opt, float* const* w, int slots
 // dispatch of core/cpu_dispatch.h (Update is inlined into each clone), as
 // the engine's ApplyPartition does; the rows ahead are prefetched.
 TF_TPU_EMB_CPU_DISPATCH
-void UpdateRows(const SparseCoreOptimizer& opt, float* const* w, int slots,
-                const int64_t* touched, const float* sums, int64_t width, float lr,
-                int64_t begin, int64_t end) {
+void UpdateRows(const SparseCoreOptimizer& opt, float* const* w, int slots, const int64_t* touched,
+                const float* sums, int64_t width, float lr, int64_t begin, int64_t end) {
   constexpr int64_t kAhead = 4;
   for (int64_t t = begin; t < end; ++t) {
     if (t + kAhead < end) {

@@ -20,7 +20,6 @@ namespace kernels {
 namespace sc_kernels {
 namespace {
 
-
 // XlaSparseCore<Opt>: its inputs' positions, attrs and scalar inputs are
 // data of core/sparsecore_optimizers.gen.h (tf_tpu_emb/optimizer_specs.py).
 template <Opt kOpt>
@@ -32,8 +31,8 @@ class StandaloneOp : public OpKernel {
     OP_REQUIRES(c, width_ >= 1,
                 Invalid(op_, absl::StrCat("feature_width must be positive, got ", width_)));
     OP_REQUIRES_OK(c, ReadAttrs(c, [&](auto&& visit) {
-      return sc_opt::VisitStandaloneAttrs(kOpt, &optimizer_.hyper, visit);
-    }));
+                     return sc_opt::VisitStandaloneAttrs(kOpt, &optimizer_.hyper, visit);
+                   }));
     OP_REQUIRES_OK(c, CheckNonzeroHypers(op_, optimizer_));
   }
 
@@ -47,12 +46,11 @@ class StandaloneOp : public OpKernel {
     OP_REQUIRES_OK(ctx, CheckRank(op_, "embedding_table", table, 2));
     OP_REQUIRES_OK(ctx, CheckRank(op_, "gradient", grads, 2));
     const int64_t n = indices.NumElements(), rows = table.dim_size(0);
-    OP_REQUIRES(ctx, table.dim_size(1) == width_ && grads.dim_size(1) == width_ &&
-                         grads.dim_size(0) == n,
-                Invalid(op_, absl::StrCat("gradient ", grads.shape().DebugString(),
-                                          " and embedding_table ", table.shape().DebugString(),
-                                          " must be [", n, ", feature_width = ", width_,
-                                          "] and [rows, ", width_, "]")));
+    OP_REQUIRES(
+        ctx, table.dim_size(1) == width_ && grads.dim_size(1) == width_ && grads.dim_size(0) == n,
+        Invalid(op_, absl::StrCat("gradient ", grads.shape().DebugString(), " and embedding_table ",
+                                  table.shape().DebugString(), " must be [", n,
+                                  ", feature_width = ", width_, "] and [rows, ", width_, "]")));
     for (int k = 0; k < kSlots; ++k) {
       OP_REQUIRES_OK(ctx, CheckSameShape(op_, "a slot variable", ctx->input(L.slots[k]), table));
     }
@@ -61,10 +59,10 @@ class StandaloneOp : public OpKernel {
     SparseCoreOptimizer optimizer = optimizer_;
     absl::Status scalars;
     sc_opt::VisitStandaloneScalars(kOpt, &optimizer.hyper,
-                                       [&](int input, const char* name, float* value) {
-                                         scalars = ScalarValue(op_, name, ctx->input(input), value);
-                                         return scalars.ok();
-                                       });
+                                   [&](int input, const char* name, float* value) {
+                                     scalars = ScalarValue(op_, name, ctx->input(input), value);
+                                     return scalars.ok();
+                                   });
     OP_REQUIRES_OK(ctx, scalars);
     const auto idx = indices.vec<int32_t>();
     for (int64_t i = 0; i < n; ++i) {
@@ -96,7 +94,6 @@ class StandaloneOp : public OpKernel {
   SparseCoreOptimizer optimizer_;
   int64_t width_ = 1;
 };
-
 
 bool RegisterKernels() {
   sc_opt::ForEachOptimizer([](auto opt) {

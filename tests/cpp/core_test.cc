@@ -114,9 +114,9 @@ TEST(CheckedArithmeticAndBoundedProduct) {
   EXPECT_EQ(*p, 60);
   EXPECT_ERROR(BoundedProduct({3, 4, 5}, 59, "positions").status(), Code::kInvalidArgument,
                "positions is 3 x 4 x 5 = 60, more than the limit 59");
-  EXPECT_ERROR(BoundedProduct({int64_t{1} << 40, int64_t{1} << 40}, kMaxFeaturePositions, "n")
-                   .status(),
-               Code::kInvalidArgument, "(overflows int64)");
+  EXPECT_ERROR(
+      BoundedProduct({int64_t{1} << 40, int64_t{1} << 40}, kMaxFeaturePositions, "n").status(),
+      Code::kInvalidArgument, "(overflows int64)");
 }
 
 // §2.7: 13 ids over 5 shards, DIV_DEFAULT = [[0,1,2],[3,4,5],[6,7,8],[9,10],[11,12]];
@@ -178,9 +178,9 @@ TEST(DividerIsExactAtTheEdges) {
   for (int64_t d : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{7}, int64_t{100001},
                     int64_t{1} << 31, (int64_t{1} << 40) + 1}) {
     const Divider div(d);
-    for (int64_t n : {int64_t{0}, int64_t{1}, d - 1, d, d + 1, 3 * d - 1, 3 * d,
-                      (int64_t{1} << 53) - 1, int64_t{1} << 53, (int64_t{1} << 53) + 1,
-                      (int64_t{1} << 61) + 12345}) {
+    for (int64_t n :
+         {int64_t{0}, int64_t{1}, d - 1, d, d + 1, 3 * d - 1, 3 * d, (int64_t{1} << 53) - 1,
+          int64_t{1} << 53, (int64_t{1} << 53) + 1, (int64_t{1} << 61) + 12345}) {
       if (n < 0) continue;
       EXPECT_EQ(div.Div(n), n / d);
     }
@@ -217,8 +217,8 @@ TEST(ReduceBagWeightedMean) {
 
 // bfloat16 rows widen exactly inside the bag reduction.
 TEST(ReduceBagOfBf16Rows) {
-  const Bf16 table[] = {RoundNearestEven(1.5f), RoundNearestEven(-0.25f),
-                        RoundNearestEven(3.0f), RoundNearestEven(0.125f)};
+  const Bf16 table[] = {RoundNearestEven(1.5f), RoundNearestEven(-0.25f), RoundNearestEven(3.0f),
+                        RoundNearestEven(0.125f)};
   const int64_t ids[] = {1, 0};
   float out[2];
   auto identity = [](float x) { return x; };

@@ -4,6 +4,8 @@
 // expected values are computed by hand (docs/tpu_embedding_semantics.md).
 // Linked with the engine's object files of the library build (the same
 // flags; see tests/cpp/build.py), so only this file compiles here.
+#include "engine/engine.h"
+
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -13,7 +15,6 @@
 #include <thread>
 #include <vector>
 
-#include "engine/engine.h"
 #include "engine/input_mappers.h"
 #include "engine/routed_mapper.h"
 #include "engine/routing.h"
@@ -140,8 +141,8 @@ TEST(StepBarrierTimesOut) {
   absl::Status status;
   {
     std::lock_guard<std::mutex> lock(mu);
-    ASSERT_TRUE(barrier.Wait(1, resumed.Callback(), [] { return "replica 1 never sent"; },
-                             &status));
+    ASSERT_TRUE(
+        barrier.Wait(1, resumed.Callback(), [] { return "replica 1 never sent"; }, &status));
   }
   ASSERT_TRUE(resumed.WaitFor(1));
   EXPECT_ERROR(resumed.calls[0].first, Code::kDeadlineExceeded,
@@ -313,9 +314,9 @@ TEST(ArbitraryTensorMapperRowSplitsThenLookup) {
 
   std::vector<float> out(4);
   e->Lookup(batch, {out.data()}, nullptr);
-  EXPECT_NEAR(out[0], 2.0f, 1e-6f);   // mean of rows 1 and 3
+  EXPECT_NEAR(out[0], 2.0f, 1e-6f);  // mean of rows 1 and 3
   EXPECT_NEAR(out[1], 20.0f, 1e-6f);
-  EXPECT_NEAR(out[2], 2.0f, 1e-6f);   // row 2
+  EXPECT_NEAR(out[2], 2.0f, 1e-6f);  // row 2
   EXPECT_NEAR(out[3], 20.0f, 1e-6f);
 
   // The backward step (§4.3, §5.1): bag 0's gradient reaches rows 1 and 3
@@ -328,7 +329,10 @@ TEST(ArbitraryTensorMapperRowSplitsThenLookup) {
   e->SetInFlight(0, std::move(popped));
   Tensor grad(DT_FLOAT, TensorShape({2, 2}));
   auto g = grad.flat<float>();
-  g(0) = 4; g(1) = 8; g(2) = 2; g(3) = 2;
+  g(0) = 4;
+  g(1) = 8;
+  g(2) = 2;
+  g(3) = 2;
   ASSERT_OK(e->Submit(0, {grad}, {}, nullptr));
   const float* w = e->table(0).state[0]->data();
   EXPECT_NEAR(w[0], 0.0f, 0.0f);  // row 0 untouched
@@ -372,8 +376,8 @@ TEST(CopyShardModAndDiv) {
   EXPECT_TRUE(state.Allocate(5, 0.0f).ok());
   float shard[] = {7, 9};
   CopyShard(t, ShardingStrategy::kMod, 2, 1, 2, &state, shard, /*to_state=*/true);
-  EXPECT_TRUE((std::vector<float>(state.data(), state.data() + 5) ==
-               std::vector<float>{0, 7, 0, 9, 0}));
+  EXPECT_TRUE(
+      (std::vector<float>(state.data(), state.data() + 5) == std::vector<float>{0, 7, 0, 9, 0}));
   // DIV_DEFAULT: shard 1 of 2 holds rows 3 and 4.
   float out[2];
   for (int i = 0; i < 5; ++i) state.data()[i] = i;
@@ -481,8 +485,7 @@ TEST(RouterSplitsABatchAndHostsRebuildTheirParts) {
     EnqueueInputs wrong{{}, {&packed[0]}, {}};
     Batch refused;
     EXPECT_ERROR(RoutedBatchMapper("EnqRouted")->Map(*hosts[1], wrong, nullptr, &refused),
-                 Code::kInvalidArgument,
-                 "routed for host 0 of 2 but this engine is host 1 of 2");
+                 Code::kInvalidArgument, "routed for host 0 of 2 but this engine is host 1 of 2");
     const Tensor cut = packed[1].Slice(0, plan.host_bytes[1] - 4);
     EnqueueInputs short_in{{}, {&cut}, {}};
     EXPECT_ERROR(RoutedBatchMapper("EnqRouted")->Map(*hosts[1], short_in, nullptr, &refused),

@@ -75,17 +75,17 @@ inline int RunAll(int argc, char** argv) {
 
 #define UNIT_CONCAT2(a, b) a##b
 #define UNIT_CONCAT(a, b) UNIT_CONCAT2(a, b)
-#define TEST(name)                                                              \
-  static void UNIT_CONCAT(unit_case_, name)();                                  \
+#define TEST(name)                                                                            \
+  static void UNIT_CONCAT(unit_case_, name)();                                                \
   static ::unit::Register UNIT_CONCAT(unit_reg_, name)(#name, UNIT_CONCAT(unit_case_, name)); \
   static void UNIT_CONCAT(unit_case_, name)()
 
-#define UNIT_CHECK(cond, what, fatal)                                  \
-  do {                                                                 \
-    if (!(cond)) {                                                     \
-      ::unit::Fail(__FILE__, __LINE__, what);                          \
-      if (fatal) throw ::unit::AssertionFailed();                      \
-    }                                                                  \
+#define UNIT_CHECK(cond, what, fatal)             \
+  do {                                            \
+    if (!(cond)) {                                \
+      ::unit::Fail(__FILE__, __LINE__, what);     \
+      if (fatal) throw ::unit::AssertionFailed(); \
+    }                                             \
   } while (0)
 
 #define EXPECT_TRUE(c) UNIT_CHECK((c), #c, false)
@@ -98,9 +98,9 @@ inline int RunAll(int argc, char** argv) {
 // contains `text` in its message.
 #define EXPECT_OK(s) UNIT_CHECK((s).ok(), std::string(#s " : ") + std::string((s).message()), false)
 #define ASSERT_OK(s) UNIT_CHECK((s).ok(), std::string(#s " : ") + std::string((s).message()), true)
-#define EXPECT_ERROR(s, want_code, text)                                          \
-  UNIT_CHECK((s).code() == (want_code) &&                                         \
-                 std::string((s).message()).find(text) != std::string::npos,      \
+#define EXPECT_ERROR(s, want_code, text)                                     \
+  UNIT_CHECK((s).code() == (want_code) &&                                    \
+                 std::string((s).message()).find(text) != std::string::npos, \
              std::string(#s " : ") + std::string((s).message()), false)
 
 #endif  // TF_TPU_EMB_TESTS_CPP_UNIT_H_

@@ -402,7 +402,8 @@ class Executor:
             try:
                 with tf.device("/CPU:%d" % r):
                     tte_ops.recv_tpu_embedding_activations(
-                        num_outputs=len(fuzz_configs.outputs_of(self.config)), config=self.config_bytes)
+                        num_outputs=len(fuzz_configs.outputs_of(self.config)),
+                        config=self.config_bytes)
                 raise Finding("corruption", "replica %d: the queue holds more batches than "
                               "were accepted" % r)
             except tf.errors.DeadlineExceededError as e:  # the wait for a batch timed out

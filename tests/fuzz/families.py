@@ -179,7 +179,8 @@ def gen_lifecycle(rng):
             steps.append(step("load_random", "model", seed=int(rng.integers(1 << 30))))
         elif kind == 9:
             bad = copy_config(c)
-            steps.append(step("configure", "any", config=mutate_config(rng, bad).SerializeToString()))
+            bad_bytes = mutate_config(rng, bad).SerializeToString()
+            steps.append(step("configure", "any", config=bad_bytes))
         else:
             steps.append(step("shutdown_under_recv", "model"))
     steps.append(step("drain", "ok"))
@@ -209,14 +210,17 @@ def gen_embedding_bag(rng):
         if kind == 0 and n:
             grad_expect = "ok"
             ids = ids.copy()
-            bad = pick(rng, (vocab, -1, I32_MAX, I32_MIN) + ((I64_MAX, I64_MIN) if id_dtype == np.int64 else ()))
+            wide = (I64_MAX, I64_MIN) if id_dtype == np.int64 else ()
+            bad = pick(rng, (vocab, -1, I32_MAX, I32_MIN) + wide)
             ids[int(rng.integers(n))] = bad
         elif kind == 1:
             splits = splits.copy()
             splits[int(rng.integers(splits.size))] = pick(
-                rng, (-1, n + 1, I32_MAX, I32_MIN) + ((I64_MAX, I64_MIN) if split_dtype == np.int64 else ()))
+                rng, (-1, n + 1, I32_MAX, I32_MIN)
+                + ((I64_MAX, I64_MIN) if split_dtype == np.int64 else ()))
         elif kind == 2:
-            splits = pick(rng, (np.zeros([0], split_dtype), splits[::-1].copy(), splits.reshape(1, -1)))
+            splits = pick(rng, (np.zeros([0], split_dtype), splits[::-1].copy(),
+                                splits.reshape(1, -1)))
             expect = grad_expect = "any"
         elif kind == 3:
             weights = np.ones(n + int(rng.integers(1, 3)), np.float32)
@@ -227,7 +231,8 @@ def gen_embedding_bag(rng):
             expect = grad_expect = "any"
         elif kind == 5:
             grad_expect = "ok"
-            params = pick(rng, (params.reshape(-1), params.reshape(1, 1, -1), np.zeros([], np.float32)))
+            params = pick(rng, (params.reshape(-1), params.reshape(1, 1, -1),
+                                np.zeros([], np.float32)))
         elif kind == 6:
             expect = "ok" if vocab > 0 or n == 0 else "fail"
             grad = pick(rng, (grad.reshape(-1), np.zeros([bags + 1, dim], np.float32),

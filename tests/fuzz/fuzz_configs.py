@@ -167,7 +167,6 @@ def pick(rng, values):
 
 def mutate_config(rng, c):
     """Applies 1-3 boundary / hostile field mutations to config proto `c`."""
-    pb = config_protos()
     for _ in range(int(rng.integers(1, 4))):
         kind = int(rng.integers(0, 19))
         tables = c.table_descriptor
@@ -190,7 +189,8 @@ def mutate_config(rng, c):
                 f.input_shape[int(rng.integers(len(f.input_shape)))] = pick(
                     rng, (0, -1, 2**15, 2**16, 2**20, I32_MAX, I32_MIN))
             elif choice == 1:
-                f.input_shape.extend([int(rng.integers(1, 3))] * int(pick(rng, (30, 253, 254, 300))))
+                rank = int(pick(rng, (30, 253, 254, 300)))
+                f.input_shape.extend([int(rng.integers(1, 3))] * rank)
             elif choice == 2:
                 del f.input_shape[:]
             else:

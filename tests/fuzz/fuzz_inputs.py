@@ -20,7 +20,8 @@ def random_weights(rng, n, weighted):
 def _dense_bag_inputs(rng, vocab, shape, weighted, index_dtype, id_dtype):
     """One id per output position, no indices (dense)."""
     n = int(np.prod(shape))
-    return [np.zeros(0, index_dtype), random_ids(rng, vocab, n, id_dtype), random_weights(rng, n, weighted)]
+    return [np.zeros(0, index_dtype), random_ids(rng, vocab, n, id_dtype),
+            random_weights(rng, n, weighted)]
 
 
 def _splits_inputs(rng, vocab, rows, weighted, index_dtype, id_dtype, max_len=3):
@@ -47,7 +48,8 @@ def valid_enqueue(rng, c, op=None, replica=0, mode="unspecified"):
     """(op name, kwargs) of a valid enqueue of one batch for config `c`."""
     outputs = outputs_of(c)
     feature_mode = len(c.feature_descriptor) > 0
-    ops = ["EnqueueTPUEmbeddingArbitraryTensorBatch", "DynamicEnqueueTPUEmbeddingArbitraryTensorBatch",
+    ops = ["EnqueueTPUEmbeddingArbitraryTensorBatch",
+           "DynamicEnqueueTPUEmbeddingArbitraryTensorBatch",
            "EnqueueTPUEmbeddingSparseTensorBatch", "EnqueueTPUEmbeddingRaggedTensorBatch",
            "DynamicEnqueueTPUEmbeddingRaggedTensorBatch"]
     if not feature_mode:
@@ -69,7 +71,8 @@ def valid_enqueue(rng, c, op=None, replica=0, mode="unspecified"):
         for t, s in outputs:
             n = int(rng.integers(0, 3 * int(np.prod(s)) + 1))
             triples.append([np.sort(rng.integers(0, int(np.prod(s)), n)).astype(np.int32),
-                            random_ids(rng, vocab[t], n, id_dtype), random_weights(rng, n, weighted)])
+                            random_ids(rng, vocab[t], n, id_dtype),
+                            random_weights(rng, n, weighted)])
         names = ("sample_indices", "embedding_indices", "aggregation_weights")
     elif "Arbitrary" in op or feature_mode:
         triples = []
@@ -96,7 +99,8 @@ def valid_enqueue(rng, c, op=None, replica=0, mode="unspecified"):
             for _ in range(d.num_features):
                 b = c.batch_size_per_tensor_core
                 if "Ragged" in op:
-                    triples.append(_splits_inputs(rng, vocab[t], b, weighted, index_dtype, id_dtype))
+                    triples.append(
+                        _splits_inputs(rng, vocab[t], b, weighted, index_dtype, id_dtype))
                 elif rng.random() < 0.5:
                     triples.append(_dense_bag_inputs(rng, vocab[t], [b], weighted, index_dtype,
                                                      id_dtype))
@@ -160,7 +164,8 @@ def mutate_enqueue(rng, c, op, kw):
         kw[idx_key][i] = pick(rng, (a.reshape(-1), a.reshape(1, -1), a.reshape(-1, 1, 1)
                                      if a.size else np.zeros([0, 3, 1], a.dtype),
                                      np.zeros([ids.size, 5], a.dtype), np.zeros([1], a.dtype),
-                                     np.zeros([0, 2], a.dtype), np.arange(ids.size + 3, dtype=a.dtype)))
+                                     np.zeros([0, 2], a.dtype),
+                                     np.arange(ids.size + 3, dtype=a.dtype)))
     elif kind == 6:  # drop / add an input (every list of the op together)
         drop = rng.random() < 0.5 and len(kw[id_key]) > 1
         for k in lists + (["table_ids"] if "table_ids" in kw else []):
@@ -183,7 +188,8 @@ def mutate_enqueue(rng, c, op, kw):
         t = list(kw["table_ids"])
         t[int(rng.integers(len(t)))] = pick(rng, (-1, len(c.table_descriptor), I32_MAX, I32_MIN, 0))
         kw["table_ids"] = t
-        for k, v in (("max_sequence_lengths", (-1, 0, 1, 3, I32_MAX)), ("num_features", (-1, 0, 2, I32_MAX))):
+        for k, v in (("max_sequence_lengths", (-1, 0, 1, 3, I32_MAX)),
+                     ("num_features", (-1, 0, 2, I32_MAX))):
             if rng.random() < 0.4:
                 kw[k] = [int(pick(rng, v)) for _ in range(int(rng.integers(0, len(t) + 2)))]
     elif kind == 11:  # dtype change (still a legal dtype for the op)

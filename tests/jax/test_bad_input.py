@@ -47,8 +47,12 @@ def table():
 def expected_activations():
   t = table()
   act = np.zeros((BATCH, DIM), np.float32)
-  act[0] += 1.0 * t[1]; act[1] += 0.5 * t[3]; act[1] += 2.0 * t[4 + 0]
-  act[2] += 1.5 * t[2]; act[2] += -1.0 * t[4 + 3]; act[3] += 0.25 * t[4 + 3]
+  act[0] += 1.0 * t[1]
+  act[1] += 0.5 * t[3]
+  act[1] += 2.0 * t[4 + 0]
+  act[2] += 1.5 * t[2]
+  act[2] += -1.0 * t[4 + 3]
+  act[3] += 0.25 * t[4 + 3]
   return act
 
 
@@ -98,7 +102,8 @@ LOOKUP_CASES = {
     "pad id inside a segment": (_mutated(rp=(0, 3)), r"lhs_local_embedding_ids\[2\]"),
     "row pointers go backwards": (_mutated(rp=(9, 0)), r"lhs_row_pointers\[9\] = 0 goes backwards"),
     "row pointer past the slice": (_mutated(rp=(15, SLICE + 1)), r"lhs_row_pointers\[15\].*past"),
-    "segment ends inside the alignment": (_mutated(rp=(1, 5)), r"lhs_row_pointers\[1\] = 5 ends inside"),
+    "segment ends inside the alignment": (_mutated(rp=(1, 5)),
+                                          r"lhs_row_pointers\[1\] = 5 ends inside"),
     "padding entry holds ids": (_mutated(rp=(2, 18)), r"lhs_row_pointers\[2\]: padding entry"),
     "sample outside the SparseCore": (_mutated(samples=(0, 2)), r"lhs_local_sample_ids\[0\] = 2"),
     "NaN gain inside a segment": (_mutated(gains=(0, np.nan)), r"lhs_gains\[0\] is nan"),
@@ -135,8 +140,10 @@ def test_wrong_table_shapes():
   with pytest.raises(ERRORS, match="INVALID_ARGUMENT: embedding_table: 7 rows"):
     run_lookup(valid_buffers(), tbl=table()[:7])
   with pytest.raises(ERRORS, match="INVALID_ARGUMENT: embedding_table: 7 rows"):
-    run_grad(valid_buffers(), [table()[:7]], [np.float32(0.1)], agrad=np.ones((BATCH, DIM), np.float32))
-  with pytest.raises(ERRORS, match="INVALID_ARGUMENT: lhs_local_embedding_ids.*outside the shard's 2 rows"):
+    run_grad(valid_buffers(), [table()[:7]], [np.float32(0.1)],
+             agrad=np.ones((BATCH, DIM), np.float32))
+  with pytest.raises(
+      ERRORS, match="INVALID_ARGUMENT: lhs_local_embedding_ids.*outside the shard's 2 rows"):
     run_lookup(valid_buffers(), tbl=table()[:4])  # 2 rows a shard: id 3 is outside
   with pytest.raises(ERRORS, match="INVALID_ARGUMENT: activations_grad: width 2"):
     run_grad(valid_buffers(), [table()], [np.float32(0.1)], agrad=np.ones((BATCH, 2), np.float32))
@@ -173,7 +180,8 @@ def test_corrupt_preprocessed_input_through_the_package():
     np.asarray(prog.lookup(inputs, variables)["f0"])
   with pytest.raises(ERRORS,
                      match=r"INVALID_ARGUMENT.*lhs_local_embedding_ids\[0\] = 1000000"):
-    np.asarray(prog.update({"f0": np.ones((32, 8), np.float32)}, inputs, variables)[prog.stack].table)
+    updated = prog.update({"f0": np.ones((32, 8), np.float32)}, inputs, variables)
+    np.asarray(updated[prog.stack].table)
 
 
 def test_row_pointers_of_another_mesh_are_refused_at_lowering():

@@ -179,9 +179,9 @@ def test_adding_a_sparsecore_optimizer_is_one_entry_and_its_formula(tmp_path):
                     str(tmp_path / "walk.cc"), "-o", str(exe)], check=True, timeout=300)
     out = subprocess.run([str(exe)], check=True, capture_output=True, text=True,
                          timeout=60).stdout.splitlines()
-    names = [l.split()[1] for l in out if l.startswith("opt ")]
+    names = [line.split()[1] for line in out if line.startswith("opt ")]
     assert names == [sc.name for sc in S.SPARSECORE_OPTIMIZERS if sc.tf_ops] + ["Momentum"]
-    jax = sorted(l for l in out if l.startswith("jax "))
+    jax = sorted(line for line in out if line.startswith("jax "))
     assert jax == sorted(["jax unknown -"] + [
         "jax %s %s %d" % (sc.jax_name, sc.name, 1 + len(sc.jax_hypers))
         for sc in S.SPARSECORE_OPTIMIZERS if sc.jax_name])
@@ -190,7 +190,7 @@ def test_adding_a_sparsecore_optimizer_is_one_entry_and_its_formula(tmp_path):
     # indices, gradient, learning_rate, table, the slot's input and output.
     assert "layout 2 3 4 0 1 1" in out
     assert "def Momentum | use_nesterov: bool | momentum: float" in out
-    w_line = next(l for l in out if l.startswith("w "))
+    w_line = next(line for line in out if line.startswith("w "))
     vals = [float(x) for x in w_line.split()[1:4] + w_line.split()[5:8]]
     # The numpy reference, in float32 as the engine's arithmetic.
     w = np.array([1.0, -2.0, 0.5], np.float32)

@@ -37,7 +37,7 @@ Nothing here imports TensorFlow.
 import ctypes
 import functools
 import os
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 
