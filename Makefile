@@ -37,17 +37,21 @@ endef
 SRCS    = $(wildcard ops/*.cc engine/*.cc kernels/*.cc kernels/sparsecore/*.cc core/*.h engine/*.h \
             kernels/*.h kernels/sparsecore/*.h ops/*.h) setup.py
 PYTEST_ARGS ?=
+# Executing the quickstart notebook in a Jupyter kernel of this venv's Python
+# (tools/run_notebook.py: `make quickstart` and tests/demo/test_quickstart_notebook.py).
+NOTEBOOK_REQ = nbclient==0.11.0 ipykernel==7.4.0
 
 .PHONY: all venv build test test-quick test-all cpp-test demo movielens bench bench-peers bazel-check bazel-install clean fuzz sanitize \
         test-tf test-tfio lane-build tfio-build package-check clients-venv test-clients \
-        test-clients-all docs docs-venv venv-jax jax-build test-jax lint format lint-venv
+        test-clients-all docs docs-venv venv-jax jax-build test-jax lint format lint-venv \
+        quickstart
 
 all: build
 
 $(VENV)/.deps: Makefile
 	@echo "== $(VENV): a virtualenv with $(TF_REQ), numpy, pytest, matplotlib (pip; about 600 MB on a first download)"
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q "setuptools>=64" wheel $(TF_REQ) numpy $(TEST_REQ)
+	$(PIP) install -q "setuptools>=64" wheel $(TF_REQ) numpy $(TEST_REQ) $(NOTEBOOK_REQ)
 	touch $@
 
 venv: $(VENV)/.deps
@@ -253,7 +257,7 @@ test-clients-all: build clients-venv
 # optimizer classes and op wrappers are documented by importing them.
 DOCS_VENV ?= .venv-docs
 DOCS_REQ   = mkdocs==1.6.1 mkdocs-material==9.8.2 mkdocstrings==1.0.8 \
-             mkdocstrings-python==2.0.11 griffelib==2.4.1 $(RUFF_REQ)
+             mkdocstrings-python==2.0.11 griffelib==2.4.1 $(RUFF_REQ) mkdocs-jupyter==0.26.3
 $(DOCS_VENV)/.deps: Makefile $(VENV)/.deps
 	$(call venv_sharing_tf,$(DOCS_VENV))
 	$(DOCS_VENV)/bin/python -m pip install -q $(DOCS_REQ)
@@ -263,6 +267,12 @@ docs-venv: $(DOCS_VENV)/.deps
 
 docs: docs-venv
 	cd $(CURDIR) && NO_MKDOCS_2_WARNING=1 TF_CPP_MIN_LOG_LEVEL=3 $(DOCS_VENV)/bin/mkdocs build --strict
+
+# `make quickstart`: execute docs/quickstart.ipynb in a fresh kernel of this
+# venv's Python and store its outputs in it (the site shows them as stored;
+# tests/demo/test_quickstart_notebook.py executes it again and compares).
+quickstart: build
+	cd $(CURDIR) && $(PY) tools/run_notebook.py docs/quickstart.ipynb
 
 # ----------------------------------------------------------------------------
 # The JAX front end (docs/sparsecore_semantics.md "The JAX (jax-tpu-embedding)
