@@ -1,0 +1,137 @@
+"""Keras-RS 0.4.0 on JAX, written for a TPU with SparseCores, as Keras-RS documents it.
+
+On a TPU:      KERAS_BACKEND=jax python examples/keras_rs_jax.py
+On CPU:        python -m tf_tpu_emb.run --jax --replicas 2 examples/keras_rs_jax.py
+
+Two tables (one shared by two features), a data-parallel distribution over
+the TPU devices, ``DistributedEmbedding(placement="sparsecore")``,
+``layer.preprocess(...)`` outside the jitted step and a jitted
+``model.train_on_batch``.  Each table's optimizer updates it on the
+SparseCores (the model's optimizer trains the dense layer).
+
+Options: ``--optimizer sgd|adagrad|adam|ftrl``, ``--placement
+sparsecore|auto``, ``--stacking none|auto``, ``--steps K``, ``--batch B``
+(the global batch), ``--seed S``, ``--dump FILE`` (an .npz of the tables after
+each step and the inputs, for a test to check), ``--checkpoint DIR`` (saves
+the model's weights after training, loads them into a fresh model and
+checks that its tables are the same).
+"""
+import argparse
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+
+import jax  # noqa: E402
+import keras  # noqa: E402
+import keras_rs  # noqa: E402
+import numpy as np  # noqa: E402
+
+TABLES = {"user": (64, 8), "item": (96, 16)}   # name: (vocabulary, width)
+FEATURES = {"user_id": "user", "item_id": "item", "item_hist": "item"}
+VALENCE = {"user_id": 1, "item_id": 2, "item_hist": 3}
+LEARNING_RATE = 0.1
+
+
+def make_optimizer(name):
+    if name == "sgd":
+        return keras.optimizers.SGD(learning_rate=LEARNING_RATE)
+    if name == "adagrad":
+        return keras.optimizers.Adagrad(learning_rate=LEARNING_RATE, initial_accumulator_value=0.1)
+    if name == "adam":
+        return keras.optimizers.Adam(learning_rate=LEARNING_RATE, beta_1=0.9, beta_2=0.999,
+                                     epsilon=1e-7)
+    if name == "ftrl":
+        return keras.optimizers.Ftrl(learning_rate=LEARNING_RATE, learning_rate_power=-0.5,
+                                     initial_accumulator_value=0.1,
+                                     l1_regularization_strength=0.01,
+                                     l2_regularization_strength=0.02, beta=0.1)
+    raise ValueError(f"--optimizer: {name!r}")
+
+
+class RankingModel(keras.Model):
+    """The features' activations, concatenated (features in name order), into one dense unit."""
+
+    def __init__(self, embedding, seed, **kwargs):
+        super().__init__(**kwargs)
+        self.embedding = embedding
+        self.dense = keras.layers.Dense(
+            1, kernel_initializer=keras.initializers.RandomNormal(stddev=0.3, seed=seed),
+            name="dense")
+        self.dense.build((None, sum(TABLES[FEATURES[f]][1] for f in FEATURES)))
+
+    def call(self, inputs):
+        activations = self.embedding(inputs)
+        return self.dense(keras.ops.concatenate([activations[f] for f in sorted(FEATURES)],
+                                                axis=1))
+
+
+def build_model(args):
+    tables = {
+        name: keras_rs.layers.TableConfig(
+            name=name, vocabulary_size=vocab, embedding_dim=dim,
+            initializer=keras.initializers.RandomUniform(-0.5, 0.5, seed=args.seed + i),
+            optimizer=make_optimizer(args.optimizer), combiner="sum",
+            placement=args.placement)
+        for i, (name, (vocab, dim)) in enumerate(sorted(TABLES.items()))}
+    feature_configs = {
+        feature: keras_rs.layers.FeatureConfig(
+            name=feature, table=tables[table],
+            input_shape=(args.batch, VALENCE[feature]),
+            output_shape=(args.batch, TABLES[table][1]))
+        for feature, table in FEATURES.items()}
+    embedding = keras_rs.layers.DistributedEmbedding(
+        feature_configs, table_stacking=None if args.stacking == "none" else args.stacking)
+    model = RankingModel(embedding, seed=args.seed)
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.05), loss="mse",
+                  jit_compile=True)
+    return model, embedding
+
+
+def batches(args):
+    rng = np.random.default_rng(args.seed)
+    for _ in range(args.steps):
+        x = {f: rng.integers(0, TABLES[FEATURES[f]][0], (args.batch, VALENCE[f])).astype(np.int32)
+             for f in FEATURES}
+        y = rng.normal(size=(args.batch, 1)).astype(np.float32)
+        yield x, y
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--optimizer", default="adagrad")
+    parser.add_argument("--placement", default="sparsecore")
+    parser.add_argument("--stacking", default="none", choices=("none", "auto"))
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--dump")
+    parser.add_argument("--checkpoint")
+    args = parser.parse_args()
+
+    distribution = keras.distribution.DataParallel(devices=jax.devices("tpu"))
+    keras.distribution.set_distribution(distribution)
+    model, embedding = build_model(args)
+
+    dump = {"tables_0/" + k: np.asarray(v) for k, v in embedding.get_embedding_tables().items()}
+    dump["dense_0/kernel"] = np.asarray(model.dense.kernel)
+    dump["dense_0/bias"] = np.asarray(model.dense.bias)
+    for step, (x, y) in enumerate(batches(args), 1):
+        preprocessed = embedding.preprocess(x, training=True)
+        loss = model.train_on_batch(preprocessed, y)
+        print(f"step {step}: loss {float(loss):.6f}", flush=True)
+        for k, v in x.items():
+            dump[f"inputs_{step}/{k}"] = v
+        dump[f"labels_{step}"] = y
+        for k, v in embedding.get_embedding_tables().items():
+            dump[f"tables_{step}/{k}"] = np.asarray(v)
+        dump[f"dense_{step}/kernel"] = np.asarray(model.dense.kernel)
+        dump[f"dense_{step}/bias"] = np.asarray(model.dense.bias)
+    if args.dump:
+        np.savez(args.dump, **dump)
+    print(f"devices {len(jax.devices('tpu'))}, tables "
+          + ", ".join(f"{k} {tuple(np.shape(v))}"
+                      for k, v in sorted(embedding.get_embedding_tables().items())))
+
+
+if __name__ == "__main__":
+    main()
