@@ -9,8 +9,9 @@ the TPU devices, ``DistributedEmbedding(placement="sparsecore")``,
 ``model.train_on_batch``.  Each table's optimizer updates it on the
 SparseCores (the model's optimizer trains the dense layer).
 
-Options: ``--optimizer sgd|adagrad|adam|ftrl``, ``--placement
-sparsecore|auto``, ``--stacking none|auto``, ``--steps K``, ``--batch B``
+Options: ``--optimizer sgd|adagrad|adam|ftrl`` (or two, comma-separated: the
+tables' in name order), ``--placement
+sparsecore|auto``, ``--stacking none|auto|all``, ``--steps K``, ``--batch B``
 (the global batch), ``--seed S``, ``--dump FILE`` (an .npz of the tables after
 each step and the inputs, for a test to check), ``--checkpoint DIR`` (saves
 the model's weights after training, loads them into a fresh model and
@@ -30,6 +31,8 @@ TABLES = {"user": (64, 8), "item": (96, 16)}   # name: (vocabulary, width)
 FEATURES = {"user_id": "user", "item_id": "item", "item_hist": "item"}
 VALENCE = {"user_id": 1, "item_id": 2, "item_hist": 3}
 LEARNING_RATE = 0.1
+# --stacking: none, Keras-RS's automatic choice, or both tables in one stack.
+STACKING = {"none": None, "auto": "auto", "all": [sorted(TABLES)]}
 
 
 def make_optimizer(name):
@@ -65,12 +68,23 @@ class RankingModel(keras.Model):
                                                 axis=1))
 
 
+def table_optimizers(spec):
+    """--optimizer NAME (every table) or NAME,NAME (the tables in name order)."""
+    names = spec.split(",")
+    if len(names) == 1:
+        names = names * len(TABLES)
+    if len(names) != len(TABLES):
+        raise ValueError(f"--optimizer: {spec!r} is not one name or one per table")
+    return dict(zip(sorted(TABLES), names))
+
+
 def build_model(args):
+    optimizers = table_optimizers(args.optimizer)
     tables = {
         name: keras_rs.layers.TableConfig(
             name=name, vocabulary_size=vocab, embedding_dim=dim,
             initializer=keras.initializers.RandomUniform(-0.5, 0.5, seed=args.seed + i),
-            optimizer=make_optimizer(args.optimizer), combiner="sum",
+            optimizer=make_optimizer(optimizers[name]), combiner="sum",
             placement=args.placement)
         for i, (name, (vocab, dim)) in enumerate(sorted(TABLES.items()))}
     feature_configs = {
@@ -80,7 +94,7 @@ def build_model(args):
             output_shape=(args.batch, TABLES[table][1]))
         for feature, table in FEATURES.items()}
     embedding = keras_rs.layers.DistributedEmbedding(
-        feature_configs, table_stacking=None if args.stacking == "none" else args.stacking)
+        feature_configs, table_stacking=STACKING[args.stacking])
     model = RankingModel(embedding, seed=args.seed)
     model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.05), loss="mse",
                   jit_compile=True)
@@ -96,11 +110,37 @@ def batches(args):
         yield x, y
 
 
+def round_trip(args, model, embedding):
+    """Saves the trained model's weights, loads them into a fresh model (other
+    initial values), and checks that its tables are the same and that one more
+    step moves both models' tables alike (the optimizer slots came back too)."""
+    path = os.path.join(args.checkpoint, "model.weights.h5")
+    model.save_weights(path)
+    fresh_args = argparse.Namespace(**{**vars(args), "seed": args.seed + 100})
+    fresh, fresh_embedding = build_model(fresh_args)
+    x, y = next(batches(argparse.Namespace(**{**vars(args), "steps": 1, "seed": args.seed + 1})))
+    preprocessed = fresh_embedding.preprocess(x, training=True)
+    fresh(preprocessed)  # builds the model's variables
+    before = fresh_embedding.get_embedding_tables()
+    fresh.load_weights(path)
+    want, got = embedding.get_embedding_tables(), fresh_embedding.get_embedding_tables()
+    for name in want:
+        assert not np.array_equal(np.asarray(before[name]), np.asarray(want[name])), name
+        np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]), err_msg=name)
+    model.train_on_batch(embedding.preprocess(x, training=True), y)
+    fresh.train_on_batch(preprocessed, y)
+    want, got = embedding.get_embedding_tables(), fresh_embedding.get_embedding_tables()
+    for name in want:
+        np.testing.assert_allclose(np.asarray(got[name]), np.asarray(want[name]),
+                                   rtol=0, atol=1e-6, err_msg=name)
+    print(f"checkpoint round trip: {len(want)} tables equal, and after one more step")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--optimizer", default="adagrad")
     parser.add_argument("--placement", default="sparsecore")
-    parser.add_argument("--stacking", default="none", choices=("none", "auto"))
+    parser.add_argument("--stacking", default="none", choices=("none", "auto", "all"))
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--seed", type=int, default=7)
@@ -128,6 +168,9 @@ def main():
         dump[f"dense_{step}/bias"] = np.asarray(model.dense.bias)
     if args.dump:
         np.savez(args.dump, **dump)
+    if args.checkpoint:
+        round_trip(args, model, embedding)
+    print("layer variables: " + ", ".join(f"{v.path} {tuple(v.shape)}" for v in embedding.weights))
     print(f"devices {len(jax.devices('tpu'))}, tables "
           + ", ".join(f"{k} {tuple(np.shape(v))}"
                       for k, v in sorted(embedding.get_embedding_tables().items())))
