@@ -42,6 +42,22 @@ PROGRAM = textwrap.dedent("""
     layer = keras_rs.layers.DistributedEmbedding({"f": feature})
     print("placements", sorted(layer._placement_to_path_to_feature_config))
     print("tensorflow imported:", "tensorflow" in sys.modules)
+
+    from tf_tpu_emb.jax import standin
+    try:
+        standin.install(1)
+    except RuntimeError as e:
+        print("second install:", e)
+    standin.uninstall()  # jax's and the clients' own names again
+    try:
+        jax.devices("tpu")
+    except RuntimeError:
+        print("uninstalled: no tpu devices")
+    try:
+        utils.num_sparsecores_per_device(cpu[0])
+    except ValueError:
+        print("uninstalled: cpu sparsecores unknown")
+    print("uninstalled: has_sparsecore", layer._has_sparsecore())
 """)
 
 
@@ -69,6 +85,9 @@ def test_runner_presents_sparsecore_chips(tmp_path, replicas, sparsecores, place
   assert f"sc {s} {s} {s}" in proc.stdout, proc.stdout
   assert "placements ['sparsecore']" in proc.stdout, proc.stdout
   assert "tensorflow imported: False" in proc.stdout, proc.stdout
+  assert "second install: a JAX stand-in is already installed" in proc.stdout, proc.stdout
+  for line in ("no tpu devices", "cpu sparsecores unknown", "has_sparsecore False"):
+    assert "uninstalled: " + line in proc.stdout, proc.stdout
 
 
 def test_sparsecores_from_the_environment(tmp_path):
