@@ -12,7 +12,9 @@ SparseCores (the model's optimizer trains the dense layer).
 Options: ``--optimizer sgd|adagrad|adam|ftrl`` (or two, comma-separated: the
 tables' in name order), ``--placement
 sparsecore|auto``, ``--stacking none|auto|all``, ``--steps K``, ``--batch B``
-(the global batch), ``--seed S``, ``--dump FILE`` (an .npz of the tables after
+(the global batch), ``--seed S``, ``--fit`` (``model.fit`` over a generator of
+preprocessed batches, as Keras-RS's docs show, instead of
+``train_on_batch``), ``--dump FILE`` (an .npz of the tables after
 each step and the inputs, for a test to check), ``--checkpoint DIR`` (saves
 the model's weights after training, loads them into a fresh model and
 checks that its tables are the same).
@@ -146,26 +148,43 @@ def main():
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--dump")
     parser.add_argument("--checkpoint")
+    parser.add_argument("--fit", action="store_true")
     args = parser.parse_args()
 
     distribution = keras.distribution.DataParallel(devices=jax.devices("tpu"))
     keras.distribution.set_distribution(distribution)
     model, embedding = build_model(args)
 
-    dump = {"tables_0/" + k: np.asarray(v) for k, v in embedding.get_embedding_tables().items()}
-    dump["dense_0/kernel"] = np.asarray(model.dense.kernel)
-    dump["dense_0/bias"] = np.asarray(model.dense.bias)
-    for step, (x, y) in enumerate(batches(args), 1):
-        preprocessed = embedding.preprocess(x, training=True)
-        loss = model.train_on_batch(preprocessed, y)
-        print(f"step {step}: loss {float(loss):.6f}", flush=True)
-        for k, v in x.items():
-            dump[f"inputs_{step}/{k}"] = v
-        dump[f"labels_{step}"] = y
+    dump = {}
+
+    def record(step):
         for k, v in embedding.get_embedding_tables().items():
             dump[f"tables_{step}/{k}"] = np.asarray(v)
         dump[f"dense_{step}/kernel"] = np.asarray(model.dense.kernel)
         dump[f"dense_{step}/bias"] = np.asarray(model.dense.bias)
+
+    def preprocessed_batches():
+        for step, (x, y) in enumerate(batches(args), 1):
+            for k, v in x.items():
+                dump[f"inputs_{step}/{k}"] = v
+            dump[f"labels_{step}"] = y
+            yield embedding.preprocess(x, training=True), y
+
+    record(0)
+    if args.fit:
+        class Record(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                self.model.jax_state_sync()  # the step's weights onto the model
+                record(batch + 1)
+                print(f"step {batch + 1}: loss {float(logs['loss']):.6f}", flush=True)
+
+        model.fit(preprocessed_batches(), epochs=1, steps_per_epoch=args.steps,
+                  callbacks=[Record()], verbose=0)
+    else:
+        for step, (preprocessed, y) in enumerate(preprocessed_batches(), 1):
+            loss = model.train_on_batch(preprocessed, y)
+            print(f"step {step}: loss {float(loss):.6f}", flush=True)
+            record(step)
     if args.dump:
         np.savez(args.dump, **dump)
     if args.checkpoint:

@@ -3,7 +3,8 @@
 examples/keras_rs_jax.py (a program written for a TPU with SparseCores:
 DataParallel over jax.devices("tpu"), DistributedEmbedding with
 placement="sparsecore" or "auto", preprocess outside the jitted
-train_on_batch) runs in a child process under the runner with R replicas
+train_on_batch, or model.fit over a generator of preprocessed batches)
+runs in a child process under the runner with R replicas
 and dumps its inputs, its tables (read back with the layer's
 get_embedding_tables) and its dense layer after every step.  An independent
 numpy model of the global-batch step, started from the dumped initial
@@ -146,24 +147,26 @@ def check(dump, optimizer):
 # several things.  Adam tells the placements apart: Keras's own Adam (the
 # default-device path that placement="auto" took before the stand-in) also
 # moves rows that a step does not touch, whose moments are not 0.
+# The last: how the program trains (`model.fit` over a generator of
+# preprocessed batches, or `train_on_batch`).
 CASES = [
-    (1, "sgd,adagrad", "sparsecore", "none"),
-    (2, "adagrad", "auto", "all"),
-    (2, "adam,ftrl", "auto", "none"),
+    (1, "sgd,adagrad", "sparsecore", "none", "train_on_batch"),
+    (2, "adagrad", "auto", "all", "train_on_batch"),
+    (2, "adam,ftrl", "auto", "none", "fit"),
 ]
 
 
-@pytest.mark.parametrize("replicas,optimizer,placement,stacking", CASES)
-def test_keras_rs_trains_exactly(tmp_path, replicas, optimizer, placement, stacking):
-  extra = []
+@pytest.mark.parametrize("replicas,optimizer,placement,stacking,driver", CASES)
+def test_keras_rs_trains_exactly(tmp_path, replicas, optimizer, placement, stacking, driver):
+  extra = ["--fit"] if driver == "fit" else []
   if stacking == "all":  # and a checkpoint round trip (the example checks it)
-    extra = ["--checkpoint", str(tmp_path)]
+    extra += ["--checkpoint", str(tmp_path)]
   stdout, _, dump = run_example(tmp_path, replicas, "--optimizer", optimizer,
-                                     "--placement", placement, "--stacking", stacking, *extra)
+                                "--placement", placement, "--stacking", stacking, *extra)
   check(dump, optimizer)
   # The layer's variables (the example prints Keras's `layer.weights`): one
   # stacked table of both tables, or one each.
   stacks = {"all": ["item_user"], "none": ["item", "user"]}[stacking]
   assert sorted(re.findall(r"/var:(\w+):table \(", stdout)) == stacks, stdout
-  if extra:
+  if stacking == "all":
     assert "checkpoint round trip: 2 tables equal, and after one more step" in stdout, stdout
