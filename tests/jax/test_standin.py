@@ -122,6 +122,10 @@ def test_guard_keras_rs_sparsecore_check():
   method = base.DistributedEmbedding.__dict__.get("_has_sparsecore")
   assert callable(method), "keras_rs moved its SparseCore check: update tf_tpu_emb/jax/standin.py"
   assert list(inspect.signature(method).parameters) == ["self"]
+  # The JAX layer inherits it (the stand-in replaces it on the base class).
+  jax_layer = importlib.import_module("keras_rs.src.layers.embedding.jax.distributed_embedding")
+  assert "_has_sparsecore" not in jax_layer.DistributedEmbedding.__dict__
+  assert issubclass(jax_layer.DistributedEmbedding, base.DistributedEmbedding)
   # What it reads: the first TPU device's kind (a CPU answers False).
   assert method(None) is False
 

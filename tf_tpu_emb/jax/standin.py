@@ -36,9 +36,12 @@ tests/jax/test_standin.py, which fails when the client changes):
   DistributedEmbedding._has_sparsecore(self)``, which reads
   ``jax.devices("tpu")[0].device_kind`` and accepts only ``"TPU v5"`` and
   ``"TPU v6 lite"``.  A jax ``Device`` is a C++ object whose ``device_kind``
-  is ``"cpu"`` and cannot be set, and a stand-in device object would not
-  be accepted by ``jax.sharding.Mesh``; so that one method is replaced
-  (answering True on the JAX backend) when the module is imported --
+  is ``"cpu"`` and has no setter, and a proxy object in a device's place
+  fails where jax puts data on it (``batched_device_put(): incompatible
+  function arguments``, with jax 0.12); so that one method is replaced
+  on that base class, which the JAX layer inherits it from (answering True
+  on the JAX backend), when the module is imported (an import hook waits
+  for it) --
   ``placement="sparsecore"`` then builds, and ``placement="auto"`` resolves
   to ``"sparsecore"``, as on a TPU.
 
