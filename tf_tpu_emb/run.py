@@ -10,26 +10,45 @@ embedding=E)`` (N defaults to 1, or ``$TF_TPU_EMB_REPLICAS``; E to ``v1``, or
 ``$TF_TPU_EMB_EMBEDDING``: ``v2`` is a SparseCore TPU for TF's
 ``TPUEmbeddingV2``).  ``-m pytest ...`` runs a library's own TPU tests under
 the stand-in.
+
+``python -m tf_tpu_emb.run --jax [--replicas N] [--sparsecores-per-chip S]
+SCRIPT|-m MODULE`` runs a JAX program written for a SparseCore TPU
+(jax-tpu-embedding, Keras-RS on JAX) on N CPU devices presented as TPU
+chips of S SparseCores (:mod:`tf_tpu_emb.jax.standin`; S defaults to
+``$TF_TPU_EMB_SPARSECORES`` or 4).  TensorFlow is not imported on that path.
 """
 import os
 import runpy
 import sys
 
 USAGE = ("usage: python -m tf_tpu_emb.run [--replicas N] [--embedding v1|v2] SCRIPT [ARGS...]\n"
-         "       python -m tf_tpu_emb.run [--replicas N] [--embedding v1|v2] -m MODULE [ARGS...]")
+         "       python -m tf_tpu_emb.run [--replicas N] [--embedding v1|v2] -m MODULE [ARGS...]\n"
+         "       python -m tf_tpu_emb.run --jax [--replicas N] [--sparsecores-per-chip S] "
+         "SCRIPT|-m MODULE [ARGS...]")
 
 
-def _parse(argv):
+def _parse(argv, jax_options=None):
     """(replicas, embedding, module or None, script or None, program args);
-    exits 2 on bad usage."""
+    exits 2 on bad usage.  ``--jax`` and ``--sparsecores-per-chip S`` go into
+    the dict jax_options (keys "jax", "sparsecores")."""
     replicas = os.environ.get("TF_TPU_EMB_REPLICAS", "1")
     embedding = None  # install() reads $TF_TPU_EMB_EMBEDDING
+    jax_options = {} if jax_options is None else jax_options
     i = 0
     while i < len(argv):
         arg = argv[i]
         if arg in ("-h", "--help"):
             print(USAGE)
             sys.exit(0)
+        if arg == "--jax":
+            jax_options["jax"], i = True, i + 1
+            continue
+        if arg == "--sparsecores-per-chip" and i + 1 < len(argv):
+            jax_options["sparsecores"], i = argv[i + 1], i + 2
+            continue
+        if arg.startswith("--sparsecores-per-chip="):
+            jax_options["sparsecores"], i = arg.split("=", 1)[1], i + 1
+            continue
         if arg == "--replicas" and i + 1 < len(argv):
             replicas, i = argv[i + 1], i + 2
         elif arg.startswith("--replicas="):
@@ -51,7 +70,9 @@ def _parse(argv):
 
 
 def main(argv=None):
-    replicas, embedding, module, script, args = _parse(sys.argv[1:] if argv is None else argv)
+    jax_options = {}
+    replicas, embedding, module, script, args = _parse(
+        sys.argv[1:] if argv is None else argv, jax_options)
     try:
         replicas = int(replicas)
         if replicas < 1:
@@ -59,6 +80,22 @@ def main(argv=None):
     except ValueError:
         print("tf_tpu_emb.run: --replicas must be a positive integer, got %r" % replicas,
               file=sys.stderr)
+        sys.exit(2)
+    if jax_options.get("jax"):
+        if embedding is not None:
+            print("tf_tpu_emb.run: --embedding is TensorFlow's; --jax runs a JAX program",
+                  file=sys.stderr)
+            sys.exit(2)
+        from tf_tpu_emb.jax import standin  # pylint: disable=import-outside-toplevel
+        try:
+            standin.install(replicas, num_sc_per_device=jax_options.get("sparsecores"))
+        except ValueError as e:
+            print("tf_tpu_emb.run: %s" % e, file=sys.stderr)
+            sys.exit(2)
+        _run(module, script, args)
+        return
+    if "sparsecores" in jax_options:
+        print("tf_tpu_emb.run: --sparsecores-per-chip needs --jax", file=sys.stderr)
         sys.exit(2)
     if embedding is None:
         embedding = os.environ.get("TF_TPU_EMB_EMBEDDING", "") or "v1"
@@ -68,6 +105,11 @@ def main(argv=None):
         sys.exit(2)
     from tf_tpu_emb import tpu  # pylint: disable=import-outside-toplevel
     tpu.install(replicas, embedding=embedding)
+    _run(module, script, args)
+
+
+def _run(module, script, args):
+    """Runs the program as ``python SCRIPT ARGS`` / ``python -m MODULE ARGS``."""
     if module is not None:
         sys.argv = [module] + list(args)  # runpy puts the module's path in argv[0]
         runpy.run_module(module, run_name="__main__", alter_sys=True)

@@ -3,7 +3,7 @@
 Where jax-tpu-embedding is installed, the process gets 8 CPU devices (XLA's
 --xla_force_host_platform_device_count, read once when jax starts its CPU
 backend, so it is set here, before any test imports jax) and the FFI library
-is installed.  Elsewhere (the main .venv, with TensorFlow and no jax) each
+is installed; Keras's backend is JAX.  Elsewhere (the main .venv, with TensorFlow and no jax) each
 test module skips itself (pytest.importorskip at its top) and nothing here
 touches the environment.
 """
@@ -19,6 +19,7 @@ if importlib.util.find_spec("jax_tpu_embedding") is not None:
   if _flag not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  os.environ.setdefault("KERAS_BACKEND", "jax")  # Keras-RS on JAX (no TensorFlow here)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -36,6 +36,7 @@ import threading
 
 from tensorflow.core.protobuf.tpu import topology_pb2
 
+from tf_tpu_emb import chips
 from tf_tpu_emb import engine_registry
 from tf_tpu_emb import ops
 
@@ -43,12 +44,9 @@ __all__ = ["TPUSystem", "current", "ALREADY_INITIALIZED", "EMBEDDINGS", "SPARSEC
 
 # The embedding generations a stand-in system can be (module doc).
 EMBEDDINGS = ("v1", "v2")
-# SparseCores per chip of the stand-in SparseCore TPU: 4, as on TPU v5p and
-# v6e (TF's TPUEmbeddingV2 reads it from
-# ``tpu_hardware_feature.num_embedding_devices_per_chip`` and falls back to
-# the same 4 when a topology reports 0; its gradient stacking,
-# ``_stack_gradients``, handles at most 4).
-SPARSECORES_PER_CHIP = 4
+# SparseCores per chip of the stand-in SparseCore TPU (one place for both
+# stand-ins: tf_tpu_emb/chips.py).
+SPARSECORES_PER_CHIP = chips.SPARSECORES_PER_CHIP
 
 # TF's text (tensorflow/python/tpu/tpu_embedding_v2.py, build on a TPU system
 # whose embedding is configured).
