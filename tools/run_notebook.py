@@ -1,7 +1,7 @@
 """Execute a notebook of docs/ in a fresh kernel, and compare its outputs.
 
     python tools/run_notebook.py docs/quickstart.ipynb           # execute, store the outputs
-    python tools/run_notebook.py --check docs/quickstart.ipynb   # execute, compare with the stored ones
+    python tools/run_notebook.py --check docs/quickstart.ipynb   # execute, compare with stored
 
 The site renders the notebook with the outputs stored in it (mkdocs-jupyter,
 ``execute: false``), so they must be the ones the current code prints:

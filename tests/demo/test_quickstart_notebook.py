@@ -43,7 +43,8 @@ def test_kernel_is_this_python():
     notebook runs against the package built in this virtualenv."""
     from jupyter_client.kernelspec import KernelSpecManager
     argv = KernelSpecManager().get_kernel_spec("python3").argv
-    assert os.path.realpath(argv[0]) == os.path.realpath(sys.executable) or argv[0] == "python", argv
+    same = os.path.realpath(argv[0]) == os.path.realpath(sys.executable)
+    assert same or argv[0] == "python", argv
 
 
 @pytest.mark.system  # a kernel: a child process running TensorFlow

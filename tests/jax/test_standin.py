@@ -29,7 +29,8 @@ PROGRAM = textwrap.dedent("""
     from jax_tpu_embedding.sparsecore.utils import utils
 
     cpu = jax.devices("cpu")
-    assert jax.devices("tpu") == cpu == jax.devices() == jax.local_devices(backend="tpu"), jax.devices("tpu")
+    tpu = jax.devices("tpu")
+    assert tpu == cpu == jax.devices() == jax.local_devices(backend="tpu"), tpu
     assert jax.device_count("tpu") == jax.local_device_count("tpu") == len(cpu)
     assert keras.distribution.list_devices("tpu") == [f"cpu:{d.id}" for d in cpu]
     print("sc", utils.num_sparsecores_per_device(), utils.num_sparsecores_per_device(cpu[-1]),
