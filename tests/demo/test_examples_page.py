@@ -24,4 +24,4 @@ def test_every_example_is_included_from_its_file():
 def test_every_python_example_has_its_command():
     for example in _examples():
         if example.endswith(".py"):
-            assert re.search(r"^    python .*%s" % re.escape(example), PAGE, re.M), example
+            assert re.search(r"^    (\S*/)?python .*%s" % re.escape(example), PAGE, re.M), example
