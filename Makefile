@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 
 .PHONY: all venv build test test-quick test-all cpp-test demo movielens bench bench-peers bazel-check bazel-install clean fuzz sanitize \
         test-tf test-tfio lane-build tfio-build package-check clients-venv test-clients \
-        test-clients-all docs docs-venv venv-jax jax-build test-jax
+        test-clients-all docs docs-venv venv-jax jax-build test-jax jax-upstream-tests
 
 all: build
 
@@ -287,3 +287,20 @@ jax-build: $(JAX_VENV)/.built
 
 test-jax: jax-build
 	cd $(CURDIR) && $(JAX_VENV)/bin/pytest $(JAX_PYTEST) tests/jax $(PYTEST_ARGS)
+
+# jax-tpu-embedding's own tests from its source repository (a checkout or a
+# git directory: JAX_TPU_EMBEDDING_SRC=..., JAX_TPU_EMBEDDING_REV=... for a
+# revision) on CPU at 1 and 2 devices (tools/run_jax_tests.py; counts in
+# docs/contributing.md).  chex and clu are those tests' own dependencies.
+JAX_TPU_EMBEDDING_SRC ?=
+JAX_TPU_EMBEDDING_REV ?=
+JAX_UPSTREAM_REQ ?= chex==0.1.92 clu==0.0.12
+
+$(JAX_VENV)/.upstream-deps: $(JAX_VENV)/.deps
+	$(JAX_PY) -m pip install -q $(JAX_UPSTREAM_REQ)
+	touch $@
+
+jax-upstream-tests: jax-build $(JAX_VENV)/.upstream-deps
+	@test -n "$(JAX_TPU_EMBEDDING_SRC)" || { echo "jax-upstream-tests: set JAX_TPU_EMBEDDING_SRC= a jax-tpu-embedding checkout or git directory"; exit 1; }
+	cd $(CURDIR) && JAX_TPU_EMBEDDING_SRC=$(JAX_TPU_EMBEDDING_SRC) $(JAX_PY) tools/run_jax_tests.py \
+	  --source $(JAX_TPU_EMBEDDING_SRC) $(if $(JAX_TPU_EMBEDDING_REV),--rev $(JAX_TPU_EMBEDDING_REV))
