@@ -101,6 +101,12 @@ EXPECTED_FAILURES = {
     "lib/nn/tests/tpu_sparse_dense_matmul_grad_test.py": {
         "*::test_custom_optimizer_*": CUSTOM_OPTIMIZER,
         "*::test_tpu_sparse_dense_matmul_grad_with_learning_rate_*": F64_LEARNING_RATE,
+        "*::test_tpu_sparse_dense_matmul_grad_sharded_two_tables_stacked": (
+            "assignment destination is read-only",
+            "after the update ran, the test builds its expected table by writing "
+            "into np.asarray(a jax.Array) (test_utils."
+            "create_per_device_sharded_stacked_tables returns one), which JAX "
+            "makes read-only on every backend"),
     },
     "lib/nn/tests/tpu_sparse_dense_matmul_test.py": {
         "*::test_sparse_dense_matmul_quantized": QUANTIZATION},
