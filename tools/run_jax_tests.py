@@ -18,8 +18,8 @@ The tests also import chex and clu, which the wheel does not depend on
 Only the tests, their helper modules and the examples are copied (to a
 temporary directory, or --work); the library is always the installed one.
 Prints each test's outcome and, per device count, one summary line; exits
-non-zero if a test failed that EXPECTED_FAILURES does not name, or a file
-gave no result.  Upstream's own skips are printed with their reasons.
+non-zero if a test or example failed that the lists below (each entry with
+its reason) do not name, or a file gave no result.  Upstream's own skips are printed with their reasons.
 docs/contributing.md "jax-tpu-embedding's own tests" has the counts.
 Needs nothing from the network; nothing of the package is kept here."""
 import argparse
@@ -47,7 +47,7 @@ DEFAULT_NUM_SC = 4
 EXCLUDED_FILES = {
     "lib/core/primitives/tests/local_sparse_dense_matmul_test.py":
         "tests lib/core/primitives/local_sparse_dense_matmul.py, which the "
-        "0.2.0 wheel does not ship (a newer module of the source tree)",
+        "0.2.0 wheel does not ship",
     "lib/nn/tests/embedding_pipelining_utils_test.py":
         "tests lib/nn/embedding_pipelining_utils.py, which the 0.2.0 wheel "
         "does not ship",
