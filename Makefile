@@ -44,7 +44,7 @@ NOTEBOOK_REQ = nbclient==0.11.0 ipykernel==7.4.0
 .PHONY: all venv build test test-quick test-all cpp-test demo movielens bench bench-peers bazel-check bazel-install clean fuzz sanitize \
         test-tf test-tfio lane-build tfio-build package-check clients-venv test-clients \
         test-clients-all docs docs-venv venv-jax jax-build test-jax lint format lint-venv \
-        quickstart
+        quickstart jax-upstream-tests
 
 all: build
 
@@ -343,3 +343,20 @@ lint: lint-venv
 format: lint-venv
 	$(LINT_VENV)/bin/clang-format -i $(CXX_SOURCES)
 	$(LINT_VENV)/bin/ruff check --fix .
+
+# jax-tpu-embedding's own tests from its source repository (a checkout or a
+# git directory: JAX_TPU_EMBEDDING_SRC=..., JAX_TPU_EMBEDDING_REV=... for a
+# revision) on CPU at 1 and 2 devices (tools/run_jax_tests.py; counts in
+# docs/contributing.md).  chex and clu are those tests' own dependencies.
+JAX_TPU_EMBEDDING_SRC ?=
+JAX_TPU_EMBEDDING_REV ?=
+JAX_UPSTREAM_REQ ?= chex==0.1.92 clu==0.0.12
+
+$(JAX_VENV)/.upstream-deps: $(JAX_VENV)/.deps
+	$(JAX_PY) -m pip install -q $(JAX_UPSTREAM_REQ)
+	touch $@
+
+jax-upstream-tests: jax-build $(JAX_VENV)/.upstream-deps
+	@test -n "$(JAX_TPU_EMBEDDING_SRC)" || { echo "jax-upstream-tests: set JAX_TPU_EMBEDDING_SRC= a jax-tpu-embedding checkout or git directory"; exit 1; }
+	cd $(CURDIR) && JAX_TPU_EMBEDDING_SRC=$(JAX_TPU_EMBEDDING_SRC) $(JAX_PY) tools/run_jax_tests.py \
+	  --source $(JAX_TPU_EMBEDDING_SRC) $(if $(JAX_TPU_EMBEDDING_REV),--rev $(JAX_TPU_EMBEDDING_REV))

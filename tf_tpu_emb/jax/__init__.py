@@ -74,21 +74,41 @@ def _num_sc_per_device(rp_size: int, devices: int,
                        minibatching: bool = False) -> int:
   """The SparseCores per device that jax-tpu-embedding's preprocessing used.
 
-  Its row-pointer buffer holds, per device, one group of
-  RoundUp(devices * num_sc, 8) entries for each of its num_sc SparseCores
-  (and each of MAX_MINIBATCHES minibatches with minibatching)
-  (docs/sparsecore_semantics.md §11.1); that size determines num_sc.
+  Its row-pointer buffer holds, per device, K groups of
+  G = RoundUp(devices * num_sc, 8) entries for each of its num_sc
+  SparseCores (docs/sparsecore_semantics.md §11.1): K = 1 without
+  minibatching; with it, K = MAX_MINIBATCHES from the C++ preprocessing, or
+  the step's minibatch count from the package's Python model
+  (`input_preprocessing.preprocess_sparse_dense_matmul_input`).  Without
+  minibatching the size determines num_sc.  With it several (num_sc, K) can
+  fit; the one taken is, in order: the count given to
+  `install(num_sc_per_device=...)`, the one with K = MAX_MINIBATCHES, the
+  only one.
   """
-  per = MAX_MINIBATCHES if minibatching else 1
+  fits = {}  # num_sc -> K
   for num_sc in range(1, 257):
     group = -(-devices * num_sc // 8) * 8
-    if per * num_sc * group == rp_size:
-      return num_sc
-    if per * num_sc * group > rp_size:
+    if num_sc * group > rp_size:
       break
+    k, rest = divmod(rp_size, num_sc * group)
+    if not rest and (k == 1 or (minibatching and k <= MAX_MINIBATCHES)):
+      fits[num_sc] = k
+  if minibatching:
+    choices = [s for s in (_num_sc_for_stacking,) if s in fits]
+    choices += [s for s, k in fits.items() if k == MAX_MINIBATCHES]
+    choices += list(fits) if len(fits) == 1 else []
+    if choices:
+      return choices[0]
+    if fits:
+      raise ValueError(
+          f"lhs_row_pointers: {rp_size} entries a device fit "
+          f"{len(fits)} SparseCore counts ({sorted(fits)}) with minibatching: "
+          "say which with tf_tpu_emb.jax.install(num_sc_per_device=...)")
+  elif fits:
+    return next(iter(fits))
   raise ValueError(
       f"lhs_row_pointers: {rp_size} entries a device is not "
-      f"{str(per) + ' * ' if minibatching else ''}num_sc * "
+      f"{'K (1 to ' + str(MAX_MINIBATCHES) + ') * ' if minibatching else ''}num_sc * "
       f"RoundUp({devices} devices * num_sc, 8) for any SparseCore count "
       "num_sc: not a buffer of jax-tpu-embedding's preprocessing for this mesh")
 
@@ -278,8 +298,11 @@ def install(num_sc_per_device: Optional[int] = None) -> None:
   """Registers the FFI handlers and the CPU lowering rules (idempotent).
 
   num_sc_per_device: the SparseCores a device presents (as given to the
-  package's functions); needed only by the gradient-stack and
-  activation-unstack primitives, whose rules are registered where it is given.
+  package's functions); needed by the gradient-stack and activation-unstack
+  primitives, whose rules are registered where it is given, and by
+  minibatching row-pointer buffers sized for fewer than 64 minibatches
+  (the package's Python preprocessing model), whose size can fit several
+  SparseCore counts (`_num_sc_per_device`).
   """
   global _installed, _num_sc_for_stacking
   if num_sc_per_device is not None:
