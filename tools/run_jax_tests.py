@@ -19,7 +19,8 @@ Only the tests, their helper modules and the examples are copied (to a
 temporary directory, or --work); the library is always the installed one.
 Prints each test's outcome and, per device count, one summary line; exits
 non-zero if a test or example failed that the lists below (each entry with
-its reason) do not name, or a file gave no result.  Upstream's own skips are printed with their reasons.
+its reason) do not name, or a file gave no result.  Upstream's own skips are printed with
+their reasons.
 docs/contributing.md "jax-tpu-embedding's own tests" has the counts.
 Needs nothing from the network; nothing of the package is kept here."""
 import argparse
@@ -279,12 +280,14 @@ def run_example(work, rel, devices, num_sc, python, timeout):
   out = proc.stdout + proc.stderr
   losses = [float(m) for m in re.findall(r"Loss(?:es)?\s*[=:]\s*([0-9.eE+-]+)", out)]
   if proc.returncode:
-    last = ([l for l in out.splitlines() if "Error:" in l and not l.startswith(" ")] or
-            [l for l in out.splitlines() if l.strip() and not l.startswith((" ", "I1", "W0"))])
+    lines = out.splitlines()
+    last = ([s for s in lines if "Error:" in s and not s.startswith(" ")] or
+            [s for s in lines if s.strip() and not s.startswith((" ", "I1", "W0"))])
     return False, "exit status %d: %s" % (proc.returncode, last[-1][:300] if last else ""), out
   if len(losses) >= 2 and not losses[-1] < losses[0]:
     return False, "the loss did not fall: %s" % losses, out
-  return True, "losses %s" % (", ".join("%.4f" % l for l in losses) if losses else "not logged"), out
+  shown = ", ".join("%.4f" % loss for loss in losses) if losses else "not logged"
+  return True, "losses %s" % shown, out
 
 
 def main(argv=None):

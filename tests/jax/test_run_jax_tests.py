@@ -88,7 +88,8 @@ SRC = os.environ.get("JAX_TPU_EMBEDDING_SRC")
 
 
 @pytest.mark.skipif(not SRC, reason="JAX_TPU_EMBEDDING_SRC (a jax-tpu-embedding checkout or git "
-                    "directory) is not set: its tests are not in the wheel and CI cannot fetch them")
+                    "directory) is not set: its tests are not in the wheel and CI cannot "
+                    "fetch them")
 def test_upstream_subset():
   """The lookup primitive's tests, with and without minibatching: at 1 and 2
   devices all pass but the quantization test (an expected failure)."""

@@ -21,7 +21,6 @@ package's test files and examples beside this file, under
 """
 import importlib
 import os
-import pkgutil
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -32,7 +31,7 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != HERE]
 
 def _extend_paths():
   """Adds each copied directory to the installed package of the same name."""
-  import jax_tpu_embedding
+  import jax_tpu_embedding  # noqa: F401  (loaded before its __path__ is extended)
   todo = [("jax_tpu_embedding", os.path.join(HERE, "jax_tpu_embedding"))]
   while todo:
     name, copy = todo.pop()
