@@ -26,10 +26,11 @@ GIVEN="${4:+$(cd "$(dirname "$4")" && pwd)/$(basename "$4")}"
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
 WORK="$ROOT/build/wheel"
-rm -rf "$WORK" && mkdir -p "$WORK/raw" "$WORK/repaired" "$OUT"
+rm -rf "$WORK/repaired" "$WORK/so" && mkdir -p "$WORK/repaired" "$OUT"
 if [ -n "$GIVEN" ]; then
   RAW="$GIVEN"
 else
+  rm -rf "$WORK/raw" && mkdir -p "$WORK/raw"
   # setuptools' staging folders: a module deleted from the tree must not
   # survive in them into the wheel.
   rm -rf build/lib build/lib.* build/bdist.* build/temp.*
