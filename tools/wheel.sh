@@ -14,7 +14,11 @@
 #      (setup.py, tensorflow_spec).  Any other library it would have to graft
 #      is an error: the wheel must need nothing but TensorFlow and the system;
 #   3. the repaired wheel lands in OUTDIR; `auditwheel show` of it in
-#      OUTDIR/<wheel>.auditwheel.txt.
+#      OUTDIR/<wheel>.auditwheel.txt (which says what fixes the tag:
+#      libstdc++'s symbol versions) and the repair's own report in
+#      OUTDIR/<wheel>.repair.txt.  `show` takes no --exclude, so it counts
+#      TensorFlow's libraries as outside every policy and calls the wheel
+#      "consistent with linux_x86_64"; the tag is the repair's.
 # With WHEEL (one pip already built: `make package-check` builds it from the
 # sdist), only steps 2 and 3.
 # usage: tools/wheel.sh PYTHON AUDITWHEEL OUTDIR [WHEEL]
@@ -66,6 +70,8 @@ if unzip -Z1 "$WHEEL" | grep -q '^tf_tpu_emb\.libs/'; then
 fi
 NAME="$(basename "$WHEEL")"
 rm -f "$OUT/$NAME" && cp "$WHEEL" "$OUT/"
+cp "$WORK/repair.log" "$OUT/$NAME.repair.txt"
 "$AUDITWHEEL" show "$OUT/$NAME" >"$OUT/$NAME.auditwheel.txt" 2>&1
-cat "$OUT/$NAME.auditwheel.txt"
+grep -E 'Excluding|New filename tags' "$OUT/$NAME.repair.txt"
+grep -B1 -A1 'constrains the platform tag' "$OUT/$NAME.auditwheel.txt" || true
 echo "== wheel: $OUT/$NAME"
