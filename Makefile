@@ -318,7 +318,7 @@ quickstart: build
 # jax, jax-tpu-embedding and keras-rs, and no TensorFlow.  This source tree is
 # put on its path by a .pth file (the TF op library is not needed there), and
 # `make jax-build` compiles the XLA FFI library (jax_ffi/) against that jax's
-# FFI headers into tf_tpu_emb/jax/.  `make test-jax` runs tests/jax there.
+# FFI headers into tf_tpu_emb/jax/.  `make test-jax` runs tests/jax_frontend there.
 # The first python3.12 that runs (pyenv's shim is on PATH but fails where 3.12
 # is not its selected version, so each candidate is tried).
 PYTHON312 ?= $(shell for p in python3.12 $(HOME)/.pyenv/versions/3.12.*/bin/python3.12; do \
@@ -349,7 +349,7 @@ $(JAX_VENV)/.built: $(JAX_VENV)/.deps $(JAX_SRCS)
 jax-build: $(JAX_VENV)/.built
 
 test-jax: jax-build
-	cd $(CURDIR) && $(JAX_VENV)/bin/pytest $(JAX_PYTEST) tests/jax $(PYTEST_ARGS)
+	cd $(CURDIR) && $(JAX_VENV)/bin/pytest $(JAX_PYTEST) tests/jax_frontend $(PYTEST_ARGS)
 
 # `make lint` (CI's first lane): ruff over the Python (rules: pyproject.toml
 # [tool.ruff]) and clang-format over our C and C++ (style: .clang-format), both

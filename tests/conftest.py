@@ -42,7 +42,7 @@ def pytest_collection_modifyitems(config, items):
     del config
     try:
         import tf_features
-    except ModuleNotFoundError:  # no TensorFlow: the JAX lane (.venv-jax, tests/jax)
+    except ModuleNotFoundError:  # no TensorFlow: the JAX lane (.venv-jax, tests/jax_frontend)
         return
 
     if not tf_features.MISSING_OPTIMIZERS:

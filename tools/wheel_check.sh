@@ -56,10 +56,8 @@ nocc python -m pip check
 echo "== tests against the installed wheel"
 mkdir -p "$OUT/run"
 cp -r tests "$OUT/run/tests"
-# The JAX front end's tests run in their own virtualenv (make test-jax); a
-# tests/jax folder beside the others on sys.path would pass for the `jax`
-# module that keras probes for at import.
-rm -rf "$OUT/run/tests/jax"
+# The JAX front end's tests run in their own virtualenv (make test-jax).
+rm -rf "$OUT/run/tests/jax_frontend"
 # Documents some tests run as printed (README, docs/ commands, examples/).
 cp -r README.md docs examples "$OUT/run/"
 find "$OUT/run" -name __pycache__ -prune -exec rm -rf {} +

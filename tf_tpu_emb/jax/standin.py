@@ -29,7 +29,7 @@ written for a TPU, unchanged:
   (``utils.num_sparsecores_per_device(...)``), so the rebinding reaches them.
 
 **Seam** (a private fact a client reads; guarded by
-tests/jax/test_standin.py, which fails when the client changes):
+tests/jax_frontend/test_standin.py, which fails when the client changes):
 
 * Keras-RS 0.4.0 decides whether SparseCores exist in
   ``keras_rs.src.layers.embedding.base_distributed_embedding.

@@ -11,7 +11,7 @@ numpy model of the global-batch step, started from the dumped initial
 state and fed only the dumped inputs, must match every table within 1e-5
 after every step.
 
-The model (docs/sparsecore_semantics.md §11.2, tests/jax/numpy_model.py):
+The model (docs/sparsecore_semantics.md §11.2, tests/jax_frontend/numpy_model.py):
 activations are the sum of each sample's rows; the loss is Keras's mean
 squared error of one dense unit over the concatenated activations (features
 in name order), so an activation's gradient is 2 (pred - y) / B times the

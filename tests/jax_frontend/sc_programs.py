@@ -1,7 +1,7 @@
 """jax-tpu-embedding programs as the package's examples write them (one
 table, its features, preprocessing, the lookup and the gradient + update
 under jax.jit and jax.shard_map over N CPU devices), and the logical view
-of their tables for the numpy models (tests/jax/numpy_model.py)."""
+of their tables for the numpy models (tests/jax_frontend/numpy_model.py)."""
 import functools
 
 import jax

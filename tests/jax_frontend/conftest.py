@@ -1,4 +1,4 @@
-"""Setup of the JAX lane (tests/jax; `make test-jax` runs it in .venv-jax).
+"""Setup of the JAX lane (tests/jax_frontend; `make test-jax` runs it in .venv-jax).
 
 Where jax-tpu-embedding is installed, the process gets 8 CPU devices (XLA's
 --xla_force_host_platform_device_count, read once when jax starts its CPU

@@ -1,5 +1,5 @@
 """The FFI handlers under random damage: buffers of the hand-made valid case
-(tests/jax/test_bad_input.py) and of the package's preprocessing with random
+(tests/jax_frontend/test_bad_input.py) and of the package's preprocessing with random
 entries replaced by random and extreme values, random attributes and shapes.
 Every call either succeeds or is an INVALID_ARGUMENT; none crashes (a child
 process runs the cases, so a crash fails the test instead of pytest)."""

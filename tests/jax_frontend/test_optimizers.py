@@ -2,7 +2,7 @@
 and F2A on CPU devices, through jax-tpu-embedding's
 `tpu_sparse_dense_matmul_grad` (with the step, as a training loop passes it)
 under jax.jit + jax.shard_map: table and both slots after each of several
-steps against the numpy model (tests/jax/numpy_model.py)."""
+steps against the numpy model (tests/jax_frontend/numpy_model.py)."""
 
 import pytest
 
