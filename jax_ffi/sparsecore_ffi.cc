@@ -258,6 +258,84 @@ ffi::Error LookupImpl(ffi::Buffer<ffi::S32> rp, ffi::Buffer<ffi::S32> ids,
   });
 }
 
+// The gradient of each row of this device's table operand that has an id:
+// the sum of gain * activations_grad[sample] over its ids from every device
+// and SparseCore, in buffer order (`touched`: the rows in order of their
+// first id; `grad`: their gradients, `width` floats each).  This device's
+// table operand (shape `tdims`) holds the shards of global SparseCores
+// [shard_offset, shard_offset + num_sc); ids of other shards are checked and
+// skipped.  Shared by the built-in optimizers' handler and the custom
+// optimizer's.
+ffi::Error RowGradients(const ffi::Buffer<ffi::S32>& rp, const ffi::Buffer<ffi::S32>& ids,
+                        const ffi::Buffer<ffi::S32>& samples, const ffi::Buffer<ffi::F32>& gains,
+                        const ffi::Buffer<ffi::S32>& num_minibatches,
+                        const ffi::Buffer<ffi::F32>& act_grad,
+                        const ffi::Buffer<ffi::S32>& shard_offset, ffi::Span<const int64_t> tdims,
+                        int64_t num_sc, int64_t num_devices, int64_t sources, bool minibatching,
+                        std::vector<int64_t>* touched, std::vector<float>* grad) {
+  if (sources <= 0 || sources > kMaxCount) {
+    return Invalid("sources: " + Str(sources) + " is not in [1, " + Str(kMaxCount) + "]");
+  }
+  const int64_t width = Width(tdims);
+  const auto gdims = act_grad.dimensions();
+  if ((gdims.size() != 1 && gdims.size() != 2) || Width(gdims) != width) {
+    return Invalid("activations_grad: width " + Str(Width(gdims)) + " differs from the table's " +
+                   Str(width));
+  }
+  if (gdims[0] % (sources * num_sc) != 0) {
+    return Invalid("activations_grad: " + Str(gdims[0]) +
+                   " rows is not a multiple of devices * SparseCores per device");
+  }
+  if (tdims[0] % num_sc != 0) {
+    return Invalid("embedding_table: " + Str(tdims[0]) + " rows is not a multiple of " +
+                   Str(num_sc) + " SparseCores per device");
+  }
+  if (shard_offset.element_count() != 1) return Invalid("shard_offset: not a scalar");
+  const int64_t global_sc = num_sc * num_devices;
+  const int64_t first = shard_offset.typed_data()[0];
+  if (first < 0 || first + num_sc > global_sc) {
+    return Invalid("shard_offset: " + Str(first) + " is outside the " + Str(global_sc) +
+                   " SparseCores");
+  }
+  const int64_t shard_rows = tdims[0] / num_sc;
+  if (minibatching && Count(num_minibatches) != sources) {
+    return Invalid("num_minibatches_per_physical_sparse_core: " + Str(Count(num_minibatches)) +
+                   " entries, not one per device (" + Str(sources) + ")");
+  }
+  CsrWalk walk{rp.typed_data(),
+               Count(rp),
+               ids.typed_data(),
+               samples.typed_data(),
+               gains.typed_data(),
+               Count(ids),
+               sources,
+               num_sc,
+               global_sc,
+               gdims[0] / (sources * num_sc),
+               shard_rows,
+               first,
+               num_sc,
+               minibatching ? num_minibatches.typed_data() : nullptr};
+
+  // Sum each touched row's gradient in buffer order; rows in first-touch order.
+  const int64_t rows = tdims[0];
+  std::vector<int64_t> slot_of(rows, -1);
+  const float* g = act_grad.typed_data();
+  ffi::Error walked = walk.Walk([&](const Id& id) {
+    if (id.row < 0) return;
+    int64_t& k = slot_of[id.row];
+    if (k < 0) {
+      k = static_cast<int64_t>(touched->size());
+      touched->push_back(id.row);
+      grad->resize(grad->size() + width, 0.0f);
+    }
+    float* acc = grad->data() + k * width;
+    const float* src = g + id.act_row * width;
+    for (int64_t d = 0; d < width; ++d) acc[d] += id.gain * src[d];
+  });
+  return walked;
+}
+
 // The gradient and update (sparse_dense_matmul_grad_with_<optimizer>): the
 // gradient of a row is the sum of gain * activations_grad[sample] over its
 // ids from every device and SparseCore, in buffer order; each row with an id
@@ -283,9 +361,6 @@ ffi::Error GradImpl(ffi::Buffer<ffi::S32> rp, ffi::Buffer<ffi::S32> ids,
     return Invalid("optimizer: '" + std::string(optimizer) + "' is unknown");
   }
   const int num_hypers = sc_opt::NumJaxScalars(opt);
-  if (sources <= 0 || sources > kMaxCount) {
-    return Invalid("sources: " + Str(sources) + " is not in [1, " + Str(kMaxCount) + "]");
-  }
   const int64_t nvars = 1 + sc_opt::NumSlotsOf(opt);
   if (static_cast<int64_t>(args.size()) != nvars + num_hypers ||
       static_cast<int64_t>(rets.size()) != nvars) {
@@ -349,65 +424,14 @@ ffi::Error GradImpl(ffi::Buffer<ffi::S32> rp, ffi::Buffer<ffi::S32> ids,
     return true;
   });
   const int64_t width = Width(tdims);
-  const auto gdims = act_grad.dimensions();
-  if ((gdims.size() != 1 && gdims.size() != 2) || Width(gdims) != width) {
-    return Invalid("activations_grad: width " + Str(Width(gdims)) + " differs from the table's " +
-                   Str(width));
-  }
-  if (gdims[0] % (sources * num_sc) != 0) {
-    return Invalid("activations_grad: " + Str(gdims[0]) +
-                   " rows is not a multiple of devices * SparseCores per device");
-  }
-  if (tdims[0] % num_sc != 0) {
-    return Invalid("embedding_table: " + Str(tdims[0]) + " rows is not a multiple of " +
-                   Str(num_sc) + " SparseCores per device");
-  }
-  if (shard_offset.element_count() != 1) return Invalid("shard_offset: not a scalar");
-  const int64_t global_sc = num_sc * num_devices;
-  const int64_t first = shard_offset.typed_data()[0];
-  if (first < 0 || first + num_sc > global_sc) {
-    return Invalid("shard_offset: " + Str(first) + " is outside the " + Str(global_sc) +
-                   " SparseCores");
-  }
-  const int64_t shard_rows = tdims[0] / num_sc;
-  if (minibatching && Count(num_minibatches) != sources) {
-    return Invalid("num_minibatches_per_physical_sparse_core: " + Str(Count(num_minibatches)) +
-                   " entries, not one per device (" + Str(sources) + ")");
-  }
-  CsrWalk walk{rp.typed_data(),
-               Count(rp),
-               ids.typed_data(),
-               samples.typed_data(),
-               gains.typed_data(),
-               Count(ids),
-               sources,
-               num_sc,
-               global_sc,
-               gdims[0] / (sources * num_sc),
-               shard_rows,
-               first,
-               num_sc,
-               minibatching ? num_minibatches.typed_data() : nullptr};
-
-  // Sum each touched row's gradient in buffer order; rows in first-touch order.
-  const int64_t rows = tdims[0];
-  std::vector<int64_t> slot_of(rows, -1);
   std::vector<int64_t> touched;
   std::vector<float> grad;
-  const float* g = act_grad.typed_data();
-  ffi::Error walked = walk.Walk([&](const Id& id) {
-    if (id.row < 0) return;
-    int64_t& k = slot_of[id.row];
-    if (k < 0) {
-      k = static_cast<int64_t>(touched.size());
-      touched.push_back(id.row);
-      grad.resize(grad.size() + width, 0.0f);
-    }
-    float* acc = grad.data() + k * width;
-    const float* src = g + id.act_row * width;
-    for (int64_t d = 0; d < width; ++d) acc[d] += id.gain * src[d];
-  });
-  if (walked.failure()) return walked;
+  if (ffi::Error e =
+          RowGradients(rp, ids, samples, gains, num_minibatches, act_grad, shard_offset, tdims,
+                       num_sc, num_devices, sources, minibatching, &touched, &grad);
+      e.failure()) {
+    return e;
+  }
 
   for (int64_t v = 0; v < nvars; ++v) {
     if (out[v] != in[v]) std::memcpy(out[v], in[v], sizeof(float) * table_elems);
@@ -428,6 +452,53 @@ ffi::Error GradImpl(ffi::Buffer<ffi::S32> rp, ffi::Buffer<ffi::S32> ids,
       if (clip_max && w[d] > max_value) w[d] = max_value;
     }
   }
+  return ffi::Error::Success();
+}
+
+// The custom optimizer's first half (sparse_dense_matmul_optimizer_grad,
+// whose update is a called StableHLO computation the lowering rule applies):
+// the rows of this device's table operand that have an id and their
+// gradients, as RowGradients computes them.  Results: `rows` (int32
+// [capacity], the touched rows in first-touch order, -1 after them),
+// `count` (int32 [1]) and `grads` (float32 [capacity, width], zero after
+// `count`).  `table` is read for its shape only.
+ffi::Error RowGradsImpl(ffi::Buffer<ffi::S32> rp, ffi::Buffer<ffi::S32> ids,
+                        ffi::Buffer<ffi::S32> samples, ffi::Buffer<ffi::F32> gains,
+                        ffi::Buffer<ffi::S32> num_minibatches, ffi::Buffer<ffi::F32> act_grad,
+                        ffi::Buffer<ffi::S32> shard_offset, ffi::Buffer<ffi::F32> table,
+                        ffi::ResultBuffer<ffi::S32> rows, ffi::ResultBuffer<ffi::S32> count,
+                        ffi::ResultBuffer<ffi::F32> grads, int64_t num_sc, int64_t num_devices,
+                        int64_t sources, bool minibatching) {
+  if (ffi::Error e = CheckCommon(rp, ids, samples, gains, num_sc, num_devices); e.failure()) {
+    return e;
+  }
+  const auto tdims = table.dimensions();
+  if (tdims.size() != 1 && tdims.size() != 2) return Invalid("embedding_table: not rank 1 or 2");
+  const int64_t width = Width(tdims);
+  const int64_t capacity = Count(*rows);
+  if (Count(*count) != 1 || Count(*grads) != capacity * width) {
+    return Invalid("results: count is not a scalar or grads is not [" + Str(capacity) + ", " +
+                   Str(width) + "]");
+  }
+  std::vector<int64_t> touched;
+  std::vector<float> grad;
+  if (ffi::Error e =
+          RowGradients(rp, ids, samples, gains, num_minibatches, act_grad, shard_offset, tdims,
+                       num_sc, num_devices, sources, minibatching, &touched, &grad);
+      e.failure()) {
+    return e;
+  }
+  const int64_t n = static_cast<int64_t>(touched.size());
+  if (n > capacity) {
+    return Invalid("results: " + Str(n) + " touched rows do not fit the capacity of " +
+                   Str(capacity));
+  }
+  int32_t* r = rows->typed_data();
+  for (int64_t k = 0; k < capacity; ++k) r[k] = k < n ? static_cast<int32_t>(touched[k]) : -1;
+  count->typed_data()[0] = static_cast<int32_t>(n);
+  float* out = grads->typed_data();
+  std::memset(out, 0, sizeof(float) * capacity * width);
+  if (n > 0) std::memcpy(out, grad.data(), sizeof(float) * n * width);
   return ffi::Error::Success();
 }
 
@@ -468,4 +539,22 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TfTpuEmbScGrad, tf_tpu_emb::jax_sc::GradImpl,
                                   .Attr<bool>("clip_max")
                                   .Attr<float>("max_value")
                                   .Attr<bool>("multiply_linear_by_lr")
+                                  .Attr<bool>("minibatching"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(TfTpuEmbScRowGrads, tf_tpu_emb::jax_sc::RowGradsImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // lhs_row_pointers
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // lhs_local_embedding_ids
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // lhs_local_sample_ids
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // lhs_gains
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // num_minibatches (a device)
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // activations_grad
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // shard_offset
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // embedding_table (its shape)
+                                  .Ret<ffi::Buffer<ffi::S32>>()  // rows
+                                  .Ret<ffi::Buffer<ffi::S32>>()  // count
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // grads
+                                  .Attr<int64_t>("num_sc_per_device")
+                                  .Attr<int64_t>("num_devices")
+                                  .Attr<int64_t>("sources")
                                   .Attr<bool>("minibatching"));

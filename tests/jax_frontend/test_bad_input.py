@@ -78,6 +78,21 @@ def run_grad(b, variables, hypers, agrad=None, optimizer="sgd", offset=0, source
               multiply_linear_by_lr=False, minibatching=False)
 
 
+def run_row_grads(b, tbl=None, agrad=None, offset=0, capacity=None):
+  """The custom optimizer's handler: (touched rows, count, their gradients)."""
+  tbl = table() if tbl is None else tbl
+  agrad = np.ones((BATCH, DIM), np.float32) if agrad is None else agrad
+  capacity = tbl.shape[0] if capacity is None else capacity
+  call = jax.ffi.ffi_call(tj.ROW_GRADS_TARGET,
+                          [jax.ShapeDtypeStruct((capacity,), np.int32),
+                           jax.ShapeDtypeStruct((1,), np.int32),
+                           jax.ShapeDtypeStruct((capacity, tbl.shape[1]), np.float32)])
+  outs = call(b["rp"], b["ids"], b["samples"], b["gains"], np.ones(1, np.int32), agrad,
+              np.int32(offset), tbl, num_sc_per_device=np.int64(NUM_SC),
+              num_devices=np.int64(1), sources=np.int64(1), minibatching=False)
+  return [np.asarray(o) for o in outs]
+
+
 def test_valid_buffers_give_the_hand_computed_activations_and_update():
   np.testing.assert_allclose(run_lookup(valid_buffers()), expected_activations(), rtol=1e-6)
   # SGD with activation gradients of 1: row r -= lr * (sum of its gains).
@@ -86,6 +101,16 @@ def test_valid_buffers_give_the_hand_computed_activations_and_update():
   for row, gain_sum in [(1, 1.0), (3, 0.5), (4, 2.0), (2, 1.5), (7, -0.75)]:
     want[row] -= 0.5 * gain_sum
   np.testing.assert_allclose(np.asarray(new), want, rtol=1e-6)
+  # The custom optimizer's rows: the same rows and gradients, in first-id order.
+  rows, count, grads = run_row_grads(valid_buffers())
+  touched = [1, 3, 4, 2, 7]
+  assert count.tolist() == [5]
+  assert sorted(rows[:5].tolist()) == sorted(touched) and (rows[5:] == -1).all()
+  sums = dict([(1, 1.0), (3, 0.5), (4, 2.0), (2, 1.5), (7, -0.75)])
+  np.testing.assert_allclose(grads[:5], [[sums[r]] * DIM for r in rows[:5]], rtol=1e-6)
+  assert not grads[5:].any()
+  with pytest.raises(ERRORS, match="INVALID_ARGUMENT.*5 touched rows do not fit"):
+    run_row_grads(valid_buffers(), capacity=4)
 
 
 def _mutated(**changes):
@@ -118,6 +143,8 @@ def test_malformed_buffers_are_invalid_argument(case):
     run_lookup(b)
   with pytest.raises(ERRORS, match="INVALID_ARGUMENT.*" + match):
     run_grad(b, [table()], [np.float32(0.1)])
+  with pytest.raises(ERRORS, match="INVALID_ARGUMENT.*" + match):
+    run_row_grads(b)
   # Nothing lost: the same process still runs valid calls.
   np.testing.assert_allclose(run_lookup(valid_buffers()), expected_activations(), rtol=1e-6)
 

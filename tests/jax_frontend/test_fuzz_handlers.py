@@ -54,10 +54,14 @@ CHILD = textwrap.dedent("""
       batch = int(rng.choice([4, 4, 4, 5, 8, 0]))
       rows = int(rng.choice([8, 8, 8, 7, 4, 0, 16]))
       table = np.ones((rows, t.DIM), np.float32)
-      for call in ("lookup", "grad"):
+      for call in ("lookup", "grad", "row_grads"):
         try:
           if call == "lookup":
             t.run_lookup(b, tbl=table, batch=batch, num_sc=num_sc)
+          elif call == "row_grads":
+            agrad = np.ones((int(rng.choice([4, 4, 2, 6])), t.DIM), np.float32)
+            t.run_row_grads(b, tbl=table, agrad=agrad, offset=int(rng.choice([0, 0, 1, -1])),
+                            capacity=int(rng.choice([rows, rows, 1, 0, 3])))
           else:
             opt = str(rng.choice(["sgd", "adagrad"]))
             vs = [table] + ([np.ones_like(table)] if opt == "adagrad" else [])
@@ -86,5 +90,5 @@ def test_random_damage_is_invalid_argument_or_valid_never_a_crash(seed):
   counts = [line for line in out.stdout.splitlines() if line.startswith("COUNTS")]
   assert counts, out.stdout
   ok, invalid = map(int, counts[0].split()[1:])
-  assert ok + invalid == CASES  # two calls a case, CASES // 2 cases a seed
+  assert ok + invalid == 3 * (CASES // 2)  # three calls a case, CASES // 2 cases a seed
   assert ok > 0 and invalid > 0, counts  # both kinds of outcome were reached

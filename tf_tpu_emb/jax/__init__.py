@@ -20,9 +20,10 @@ minibatching (a `quantization_config` is refused at lowering with
 NotImplementedError); with `install(num_sc_per_device=S)` also
 `sparse_dense_matmul_gradient_stack` and
 `sparse_dense_matmul_activation_unstack` (their operands do not say how many
-SparseCores a device has, so they need S).  The custom-optimizer primitive
-(`sparse_dense_matmul_optimizer_grad`) keeps the package's rule, which fails
-on a CPU with XLA's "No registered implementation" error.
+SparseCores a device has, so they need S); and the custom-optimizer
+primitive (`sparse_dense_matmul_optimizer_grad`, as `CustomOptimizerSpec`
+binds it), whose update is the StableHLO computation it carries, applied
+once to each row with an id as a SparseCore applies it.
 
 Several devices: under `jax.shard_map` over N CPU devices (each holding its
 table shard, as jax-tpu-embedding lays a table out over devices x
@@ -46,6 +47,7 @@ from tf_tpu_emb import optimizer_specs
 _LIB_NAME = "_sparsecore_ffi.so"
 LOOKUP_TARGET = "tf_tpu_emb_sparsecore_lookup"
 GRAD_TARGET = "tf_tpu_emb_sparsecore_grad"
+ROW_GRADS_TARGET = "tf_tpu_emb_sparsecore_row_grads"
 
 _installed = False
 _num_sc_for_stacking: Optional[int] = None
@@ -206,14 +208,8 @@ def _grad_rule(optimizer: str, num_slots: int, num_hypers: int, ctx,
     vs, agrad = rest[:nvars], rest[nvars]
     hs = [jax.numpy.asarray(h, np.float32).reshape(())
           for h in rest[nvars + 1:nvars + 1 + num_hypers]]
-    nmb = nmb.reshape(1).astype(np.int32)
-    if axes:  # every device's ids and gradients; this device's shards
-      rp, ids, samples, g, nmb, agrad = (
-          jax.lax.all_gather(x, axes, axis=0, tiled=True)
-          for x in (rp, ids, samples, g, nmb, agrad))
-      offset = (jax.lax.axis_index(axes) * num_sc).astype(np.int32)
-    else:
-      offset = jax.numpy.zeros((), np.int32)
+    (rp, ids, samples, g, nmb, agrad), offset = _shard_offsets(
+        axes, n, num_sc, (rp, ids, samples, g, nmb.reshape(1).astype(np.int32), agrad))
     outs = jax.ffi.ffi_call(
         GRAD_TARGET,
         [jax.ShapeDtypeStruct(a.shape, np.float32) for a in var_avals],
@@ -232,6 +228,139 @@ def _grad_rule(optimizer: str, num_slots: int, num_hypers: int, ctx,
   return _lower_with_axes(ctx, axes, n, grad, row_pointers, embedding_ids,
                           sample_ids, gains, num_minibatches, *rest,
                           multiple_results=True)
+
+
+def _shard_offsets(axes, n, num_sc, operands):
+  """Under shard_map: every device's CSR buffers and activation gradients
+  (`operands`, gathered) and this device's first global SparseCore."""
+  import jax
+  if axes:
+    gathered = [jax.lax.all_gather(x, axes, axis=0, tiled=True) for x in operands]
+    return gathered, (jax.lax.axis_index(axes) * num_sc).astype(np.int32)
+  return list(operands), jax.numpy.zeros((), np.int32)
+
+
+def _module_text(stablehlo) -> str:
+  if isinstance(stablehlo, bytes):
+    return stablehlo.decode("utf-8")
+  return str(stablehlo)  # text, or an ir.Module printed
+
+
+def _call_module_abstract_eval(*args, module_text, name, out_avals):
+  del args, module_text, name
+  return tuple(out_avals)
+
+
+def _call_module_lowering(ctx, *args, module_text, name, out_avals):
+  """A call of the module's `main` (merged into the program under `name`),
+  its results unpacked where it returns one tuple (the package's
+  optimizers_computation functions do; a traced JAX function returns them
+  flat)."""
+  from jax.extend.mlir import ir
+  from jax.extend.mlir.dialects import func as func_dialect
+  from jax.extend.mlir.dialects import stablehlo as hlo
+  from jax.interpreters import mlir
+  del out_avals
+  module = ir.Module.parse(module_text, context=ctx.module_context.context)
+  callee = mlir.merge_mlir_modules(ctx.module_context.module, name, module,
+                                   dst_symtab=ctx.module_context.symbol_table)
+  fn = ctx.module_context.symbol_table[callee]
+  results = ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value).results
+  call = func_dialect.CallOp(list(results), ir.FlatSymbolRefAttr.get(callee), list(args))
+  values = list(call.results)
+  if len(values) == 1 and _is_tuple(ir, values[0].type):
+    values = [hlo.get_tuple_element(values[0], i)
+              for i in range(ir.TupleType(values[0].type).num_types)]
+  return values
+
+
+def _is_tuple(ir, mlir_type) -> bool:
+  try:
+    ir.TupleType(mlir_type)
+  except ValueError:  # the cast refuses a type that is not a tuple
+    return False
+  return True
+
+
+@functools.cache
+def _call_module_primitive():
+  """The primitive that calls a custom optimizer's StableHLO update on one
+  row ([1, width] operands and results)."""
+  import jax.extend as jex
+  from jax.interpreters import mlir
+  prim = jex.core.Primitive("tf_tpu_emb_call_optimizer_module")
+  prim.multiple_results = True
+  prim.def_abstract_eval(_call_module_abstract_eval)
+  mlir.register_lowering(prim, _call_module_lowering)
+  return prim
+
+
+def _optimizer_grad_rule(ctx, row_pointers, embedding_ids, sample_ids, gains,
+                         num_minibatches, activations_grad, *hypers_and_vars,
+                         num_hyperparameters, stablehlo, max_ids_per_partition,
+                         max_unique_ids_per_partition,
+                         computation_name="sparse_dense_matmul_optimizer_grad",
+                         sharding_strategy=1, enable_minibatching=False):
+  """The rule of sparse_dense_matmul_optimizer_grad (the custom optimizer):
+  each row with an id gets its gradient as the built-in optimizers' rows do
+  (the FFI handler's RowGradients), then the primitive's StableHLO
+  computation, called as the SparseCore calls it: on [1, width] operands
+  (gradient, table row, slot rows, each hyper-parameter broadcast to the
+  row) returning the table row and the slot rows; rows without an id are
+  unchanged (docs/sparsecore_semantics.md §11.3)."""
+  import jax
+  import jax.numpy as jnp
+  del max_ids_per_partition, max_unique_ids_per_partition
+  if sharding_strategy != 1:
+    raise NotImplementedError("sharding_strategy: only MOD (1) is supported")
+  axes, n = _manual_axes(ctx)
+  num_sc = _num_sc_per_device(ctx.avals_in[0].shape[0], n, enable_minibatching)
+  var_avals = ctx.avals_in[6 + num_hyperparameters:]
+  if not var_avals:
+    raise ValueError("sparse_dense_matmul_optimizer_grad: no embedding variable")
+  rows = var_avals[0].shape[0]
+  width = var_avals[0].shape[1] if len(var_avals[0].shape) == 2 else 1
+  for k, aval in enumerate(var_avals):
+    if aval.shape[0] != rows or aval.size != rows * width:
+      raise ValueError(f"sparse_dense_matmul_optimizer_grad: embedding variable {k} has "
+                       f"shape {aval.shape}, the table {var_avals[0].shape}")
+  # A row has an id only if one of the ids (all devices') is in it.
+  capacity = max(1, min(rows, ctx.avals_in[1].shape[0] * n))
+  text = _module_text(stablehlo)
+  row_aval = jax.core.ShapedArray((1, width), np.float32)
+  call = _call_module_primitive()
+
+  def update(rp, ids, samples, g, nmb, agrad, *rest):  # the primitive's operands
+    hs, vs = rest[:num_hyperparameters], rest[num_hyperparameters:]
+    (rp, ids, samples, g, nmb, agrad), offset = _shard_offsets(
+        axes, n, num_sc, (rp, ids, samples, g, nmb.reshape(1).astype(np.int32), agrad))
+    vs = [v.reshape(rows, width) for v in vs]
+    touched, count, grads = jax.ffi.ffi_call(
+        ROW_GRADS_TARGET,
+        [jax.ShapeDtypeStruct((capacity,), np.int32),
+         jax.ShapeDtypeStruct((1,), np.int32),
+         jax.ShapeDtypeStruct((capacity, width), np.float32)])(
+             rp, ids, samples, g, nmb, agrad.reshape(-1, width), offset, vs[0],
+             num_sc_per_device=np.int64(num_sc), num_devices=np.int64(n),
+             sources=np.int64(n), minibatching=bool(enable_minibatching))
+    hyper_rows = [jnp.broadcast_to(jnp.asarray(h, np.float32).reshape(()), (1, width))
+                  for h in hs]
+
+    def row(k, variables):
+      r = touched[k]
+      olds = [jax.lax.dynamic_slice(v, (r, 0), (1, width)) for v in variables]
+      news = call.bind(jax.lax.dynamic_slice(grads, (k, 0), (1, width)), *olds,
+                       *hyper_rows, module_text=text, name=computation_name,
+                       out_avals=(row_aval,) * len(variables))
+      return tuple(jax.lax.dynamic_update_slice(v, new, (r, 0))
+                   for v, new in zip(variables, news))
+
+    out = jax.lax.fori_loop(0, count[0], row, tuple(vs))
+    return [v.reshape(a.shape) for v, a in zip(out, var_avals)]
+
+  return _lower_with_axes(ctx, axes, n, update, row_pointers, embedding_ids,
+                          sample_ids, gains, num_minibatches, activations_grad,
+                          *hypers_and_vars, multiple_results=True)
 
 
 # Optimizer (the package's name; the primitive is
@@ -335,11 +464,16 @@ def install(num_sc_per_device: Optional[int] = None) -> None:
       LOOKUP_TARGET, jax.ffi.pycapsule(lib.TfTpuEmbScLookup), platform="cpu")
   jax.ffi.register_ffi_target(
       GRAD_TARGET, jax.ffi.pycapsule(lib.TfTpuEmbScGrad), platform="cpu")
+  jax.ffi.register_ffi_target(
+      ROW_GRADS_TARGET, jax.ffi.pycapsule(lib.TfTpuEmbScRowGrads), platform="cpu")
 
   prims = "jax_tpu_embedding.sparsecore.lib.core.primitives."
   csr = importlib.import_module(prims + "sparse_dense_matmul_csr")
   mlir.register_lowering(csr.tpu_sparse_dense_matmul_csr_primitive,
                          _lookup_rule, platform="cpu")
+  custom = importlib.import_module(prims + "sparse_dense_matmul_optimizer_grad")
+  mlir.register_lowering(custom.tpu_sparse_dense_matmul_optimizer_grad_primitive,
+                         _optimizer_grad_rule, platform="cpu")
   for name, slots, hypers in _GRAD_PRIMITIVES:
     module = importlib.import_module(prims + "sparse_dense_matmul_grad_with_" + name)
     prim = getattr(module, f"tpu_sparse_dense_matmul_grad_with_{name}_primitive")
