@@ -21,9 +21,14 @@ restore it into ``TPUEmbeddingV2`` (same or other layout: its
   object through it);
 * :func:`load_into` -- those arrays into a V1 object (``tf_tpu_emb.TPUEmbedding``
   or what ``tf.tpu.experimental.embedding.TPUEmbedding`` is under the
-  stand-in: every state through ``load_table``) or into TF's
-  ``TPUEmbeddingForServing`` (parameters), matched by table name; a
-  ``tf.train.Checkpoint`` of that object is then the per-table (V1) form.
+  stand-in: every state through ``load_table``), into TF's
+  ``TPUEmbeddingForServing`` (parameters), or into a built ``TPUEmbeddingV2``
+  (every state, each table's rows written into its stacked, sharded
+  variables by :func:`stack_table`), matched by table name; a
+  ``tf.train.Checkpoint`` of a V1 object is then the per-table (V1) form.
+  With :mod:`tf_tpu_emb.table_exchange` this is also how a table trained by
+  a JAX program (``tf_tpu_emb.jax.tables``) enters ``TPUEmbeddingV2`` and
+  leaves it again.
 
 The row arithmetic (a table's rows in a stacked, sharded variable) is written
 from the layout proto's fields as TF's ``unshuffle_from_sc_to_cpu`` and
@@ -40,7 +45,8 @@ import collections
 
 import numpy as np
 
-__all__ = ["read_tables", "tables_of", "load_into", "unstack_table", "layouts_of"]
+__all__ = ["read_tables", "tables_of", "load_into", "unstack_table", "stack_table",
+           "layouts_of"]
 
 _VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 
@@ -107,6 +113,41 @@ def unstack_table(stacked, layout):
     table = part.transpose(1, 0, 2).reshape(per_shard * n, stacked.shape[1])
     rows, cols = layout.unsharded_shape
     return table[:rows, :cols]
+
+
+def stack_table(stacked, table, layout):
+    """The inverse of :func:`unstack_table`: a copy of the stacked variable's
+    value ``stacked`` with the rows of ``table`` (``[vocabulary_size, dim]``
+    = the layout's ``unsharded_shape``) written where the layout puts them;
+    every other entry (other tables, padding) is kept."""
+    stacked = np.array(stacked, copy=True)
+    table = np.asarray(table)
+    rows, cols = layout.unsharded_shape
+    if table.shape != (rows, cols):
+        raise ValueError("Table %r: values of shape %s, the layout's table is %s"
+                         % (layout.table_name, table.shape, (rows, cols)))
+    n = layout.num_sparse_cores
+    if stacked.ndim != 2 or stacked.shape[0] % n or stacked.shape[1] < cols:
+        raise ValueError("Stacked table %r of shape %s does not hold %d SparseCore shards of "
+                         "%d columns" % (layout.stacked_table_name, stacked.shape, n, cols))
+    per_shard = layout.unsharded_padded_shape[0] // n
+    start = layout.sparse_core_shard_row_offset
+    shards = stacked.reshape(n, stacked.shape[0] // n, stacked.shape[1])
+    if start + per_shard > shards.shape[1]:
+        raise ValueError("Table %r: rows [%d, %d) of each shard are outside the stacked "
+                         "table %r (%d rows a shard)" % (layout.table_name, start,
+                                                         start + per_shard,
+                                                         layout.stacked_table_name,
+                                                         shards.shape[1]))
+    # The table's part as unstack_table reads it, with the new rows in it.
+    part = np.roll(shards[:, start:start + per_shard, :], -layout.sparse_core_shard_rotation,
+                   axis=0)
+    logical = part.transpose(1, 0, 2).reshape(per_shard * n, stacked.shape[1])
+    logical[:rows, :cols] = table
+    part = logical.reshape(per_shard, n, stacked.shape[1]).transpose(1, 0, 2)
+    shards[:, start:start + per_shard, :] = np.roll(part, layout.sparse_core_shard_rotation,
+                                                    axis=0)
+    return shards.reshape(stacked.shape)
 
 
 def read_tables(path, prefix=None):
@@ -197,8 +238,12 @@ def tables_of(embedding):
 def load_into(embedding, tables):
     """Writes :func:`read_tables`' arrays into ``embedding``, matched by table
     name: a V1 object (``load_table``: its ``table_state_names`` must all be
-    present) or TF's ``TPUEmbeddingForServing`` (parameters only).  Tables
-    of ``embedding`` missing from ``tables`` are a ValueError naming them."""
+    present), TF's ``TPUEmbeddingForServing`` (parameters only) or a built
+    ``TPUEmbeddingV2`` (every state of each table's stack).  Tables of
+    ``embedding`` missing from ``tables`` are a ValueError naming them, and
+    nothing is written then."""
+    if is_v2(embedding):
+        return _load_into_v2(embedding, tables)
     configs = {t.name: t for t in embedding._table_config}  # pylint: disable=protected-access
     missing = sorted(set(configs) - set(tables))
     if missing:
@@ -220,3 +265,40 @@ def load_into(embedding, tables):
             embedding.load_table(table, [state[n] for n in names])
         else:
             embedding.embedding_tables[table].assign(state["parameters"])
+
+
+def _load_into_v2(embedding, tables):
+    """load_into for a built TPUEmbeddingV2: every state of every table
+    checked first, then each stack's variables written whole, shard by
+    shard (one per device, as :func:`_whole` reads them)."""
+    layouts = embedding.embedding_layouts
+    variables = embedding.variables  # {stacked table: {state: sharded variable}}
+    missing = sorted(set(layouts) - set(tables))
+    if missing:
+        raise ValueError("No values for table %s (given: %s)"
+                         % (", ".join(map(repr, missing)), ", ".join(sorted(tables))))
+    new = {}
+    for name, layout in sorted(layouts.items()):
+        stack = layout.stacked_table_name
+        if stack not in variables:
+            raise ValueError("Table %r: its stacked table %r has no variables" % (name, stack))
+        states = variables[stack]
+        absent = [state for state in states if state not in tables[name]]
+        if absent:
+            raise ValueError("Table %r: no %s (its optimizer's states: %s); the V2 optimizer "
+                             "and the tables' must match" % (name, ", ".join(absent),
+                                                             ", ".join(sorted(states))))
+        if stack not in new:
+            new[stack] = {state: _whole(var) for state, var in states.items()}
+        for state in states:
+            new[stack][state] = stack_table(new[stack][state],
+                                            np.asarray(tables[name][state], np.float32), layout)
+    for stack, states in new.items():
+        for state, value in states.items():
+            var = variables[stack][state]
+            parts = getattr(var, "values", None) or [var]
+            start = 0
+            for part in parts:
+                rows = int(part.shape[0])
+                part.assign(value[start:start + rows])
+                start += rows

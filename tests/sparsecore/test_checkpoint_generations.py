@@ -71,6 +71,42 @@ def test_unstack_matches_tfs_unshuffle(num_partitions, num_sc, stacking):
         assert any(layout.sparse_core_shard_rotation for layout in layouts.values())
 
 
+@pytest.mark.parametrize("num_partitions,num_sc,stacking", [(1, 4, True), (2, 4, True),
+                                                            (8, 4, True), (2, 4, False)])
+def test_stack_table_writes_what_tfs_unshuffle_reads(num_partitions, num_sc, stacking):
+    """stack_table (a logical table into its stacked variable: how a JAX
+    program's table enters TPUEmbeddingV2) is read back by TF's unshuffle,
+    and touches no entry outside the table's rows."""
+    layouts = _layouts(num_partitions, num_sc, stacking)
+    rng = np.random.default_rng(10 + num_partitions)
+    n = num_partitions * num_sc
+    for stack, (per_shard, width) in _stack_heights(layouts).items():
+        stacked = rng.normal(size=(n * per_shard, width)).astype(np.float32)
+        before = stacked.copy()
+        untouched = np.ones(stacked.shape, bool)
+        for layout in layouts.values():
+            if layout.stacked_table_name != stack:
+                continue
+            table = rng.normal(size=tuple(layout.unsharded_shape)).astype(np.float32)
+            stacked = scc.stack_table(stacked, table, layout)
+            got = v3_utils.remove_padding_from_sc(
+                v3_utils.unshuffle_from_sc_to_cpu(
+                    tf.constant(stacked), num_sparse_cores=layout.num_sparse_cores,
+                    offset_in_shard=layout.sparse_core_shard_row_offset,
+                    size_in_shard=layout.unsharded_padded_shape[0] // layout.num_sparse_cores,
+                    shard_rotation=layout.sparse_core_shard_rotation),
+                tuple(layout.unsharded_shape)).numpy()
+            np.testing.assert_array_equal(got, table)
+            marks = scc.stack_table(np.zeros_like(stacked),
+                                    np.ones(tuple(layout.unsharded_shape), np.float32), layout)
+            untouched &= marks == 0
+        # Padding and other stacks' rows keep their values.
+        np.testing.assert_array_equal(stacked[untouched], before[untouched])
+    with pytest.raises(ValueError, match="values of shape"):
+        scc.stack_table(np.zeros((n * 64, 8), np.float32), np.zeros((3, 8), np.float32),
+                        layouts["alpha"])
+
+
 def test_unstack_refuses_a_variable_of_the_wrong_height():
     layout = _layouts(1, 4)["alpha"]
     with pytest.raises(ValueError, match="SparseCore shards"):
