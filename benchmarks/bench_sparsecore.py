@@ -22,19 +22,30 @@ sum), the loss sum_t reduce_sum(act_t * c_t) of bench_train.py, Adagrad
       --functional as TF wrote it (the op's outputs assigned back: a copy of
       every table and slot per step).
 
-Before timing, both run one step from the same values and must agree (the
-V2 tables read back through the SparseCore layout of §5); a mismatch exits
-non-zero.  The steps alternate in blocks (bench_lookup.run_alternating).
-Reported: ms per step, samples/s, the V2/V1 ratio (issue 29's target:
+  JAX the same step written with jax-tpu-embedding 0.2.0 on CPU (tf_tpu_emb.jax),
+      one device of --num-sc SparseCores: the package's preprocessing, then one
+      jitted lookup + gradient + Adagrad update, the variables donated (in
+      place); benchmarks/jax_side.py in .venv-jax (`make venv-jax jax-build`),
+      a child process that times its own steps.  Left out where --jax-python
+      does not run (default .venv-jax/bin/python).
+
+Before timing, all run one step from the same values and must agree (the
+V2 tables read back through the SparseCore layout of §5, JAX's through the
+package's unsharding); a mismatch exits non-zero.  The steps alternate in
+blocks (bench_lookup.run_alternating).  Reported: ms per step, samples/s,
+the V2/V1 ratio (issue 29's target: <= 1.3x), the JAX/V2 ratio (issue 38's:
 <= 1.3x), and the V2 step split into preprocessing and lookup+update.
 
     .venv/bin/python benchmarks/bench_sparsecore.py --quick
     .venv/bin/python benchmarks/bench_sparsecore.py --rows 1000000 --batch 1024
 """
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -44,6 +55,9 @@ import numpy as np  # noqa: E402
 
 NUM_SC = 4  # SparseCores per chip, as the V2 stand-in's chip (v5p / v6e)
 QUICK = dict(rows=100_000, steps=20, warmup=3, blocks=4)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JAX_PYTHON = os.path.join(ROOT, ".venv-jax", "bin", "python")
+PAUSE = 0.2  # seconds before a block: the other process's threads go idle
 FULL = dict(rows=1_000_000, steps=60, warmup=5, blocks=10)
 
 
@@ -54,6 +68,8 @@ def parse_args(argv=None):
     p.add_argument("--num-sc", type=int, default=NUM_SC, help="SparseCores per chip (4)")
     p.add_argument("--functional", action="store_true",
                    help="V2 updates as TF wrote them (outputs assigned back), not in place")
+    p.add_argument("--jax-python", default=JAX_PYTHON,
+                   help="the JAX venv's python (default %(default)s; 'none': no JAX side)")
     bl.add_workload_args(p)
     bl.add_timing_args(p, FULL, QUICK)
     bl.add_thread_args(p)
@@ -186,22 +202,66 @@ class V2Side:
                 from_sc_layout(self.accumulators[t].numpy(), s))
 
 
-def check_step(v1, v2, a):
+class JaxProcess:
+    """benchmarks/jax_side.py in the JAX venv, one JSON command a line."""
+
+    def __init__(self, python, a, inputs, tmp):
+        ids = np.stack([np.stack([x.numpy() for x in inp["ids"]]) for inp in inputs])
+        self.ids_path = os.path.join(tmp, "ids.npy")
+        np.save(self.ids_path, ids)
+        env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+        self.proc = subprocess.Popen(
+            [python, os.path.join(os.path.dirname(os.path.abspath(__file__)), "jax_side.py")],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        self.versions = self.call(cmd="versions")
+        self.call(cmd="setup", ids=self.ids_path, tables=a.tables, rows=a.rows, dim=a.dim,
+                  batch=a.batch, ids_per_sample=a.ids_per_sample, num_sc=a.num_sc,
+                  seed=a.seed, lr=a.lr, initial_accumulator=a.initial_accumulator)
+        self.tmp = tmp
+
+    def call(self, **cmd):
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the JAX process exited (status %s)" % self.proc.wait())
+        reply = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(reply["error"])
+        return reply
+
+    def tables(self, batch):
+        out = os.path.join(self.tmp, "jax_step.npz")
+        self.call(cmd="step_tables", batch=batch, out=out)
+        with np.load(out) as f:
+            return {t: (f["t%d/p" % t], f["t%d/a" % t]) for t in range(len(f.files) // 2)}
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+
+
+def check_step(v1, v2, a, jax_side=None):
     v1.step(0).numpy()
     v2.step(0).numpy()
+    others = [("V2", v2.table)]
+    if jax_side is not None:
+        jax_tables = jax_side.tables(0)
+        others.append(("JAX", jax_tables.__getitem__))
     worst = 0.0
-    for t in range(a.tables):
-        (p1, a1), (p2, a2) = v1.table(t), v2.table(t)
+    for (name, table), t in [(o, t) for o in others for t in range(a.tables)]:
+        (p1, a1), (p2, a2) = v1.table(t), table(t)
         # The two sum a hot row's gradients in different orders (float32):
         # relative to the largest value of the array, as bench_train.py's check.
         worst = max(worst, float(np.max(np.abs(p1 - p2)) / np.abs(p1).max()),
                     float(np.max(np.abs(a1 - a2)) / np.abs(a1).max()))
         if worst > 1e-5:
-            print("  MISMATCH in table %d after one step: max |diff| / max |value| %.3g"
-                  % (t, worst))
+            print("  MISMATCH in %s table %d after one step: max |diff| / max |value| %.3g"
+                  % (name, t, worst))
             return False
-    print("  one step from the same values: V1 and V2 tables and accumulators agree "
-          "(max |diff| / max |value| %.2g)" % worst)
+    print("  one step from the same values: V1, %s tables and accumulators agree "
+          "(max |diff| / max |value| %.2g)" % (" and ".join(n for n, _ in others), worst))
     return True
 
 
@@ -219,27 +279,46 @@ def main(argv=None):
     inputs, _ = bl.prepare_inputs(tf, a)
     cfg = bl.config_proto(a, a.dim, bt.adagrad_parameters(a))
     c = bt.loss_weights(tf, a, a.dim)
+    tmp = tempfile.mkdtemp(prefix="bench_sparsecore_")
+    jax_side = None
+    if a.jax_python != "none" and os.path.exists(a.jax_python):
+        jax_side = JaxProcess(a.jax_python, a, inputs, tmp)
+        print("JAX             jax %(jax)s, jax-tpu-embedding %(jax_tpu_embedding)s "
+              "(benchmarks/jax_side.py, one CPU device)" % jax_side.versions)
+    else:
+        print("JAX             not run (no %s: make venv-jax jax-build)" % a.jax_python)
     tf.raw_ops.ConfigureTPUEmbedding(config=cfg)
     try:
         v1 = bt.Ours(tf, a, cfg, c, inputs)
         v1.load(a.dim)
         v2 = V2Side(tf, tf_tpu_emb, a, c, inputs)
-        if not check_step(v1, v2, a):
+        if not check_step(v1, v2, a, jax_side):
             return 1
         nb = a.num_batches
         sides = [("V1", lambda i: v1.step(i % nb).numpy()),
                  ("V2", lambda i: v2.step(i % nb).numpy()),
                  ("V2 preprocessing", lambda i: [x.numpy() for x in v2.preprocess(i % nb)])]
-        bl.run_alternating(sides, 2 * a.warmup, 2)
-        times = bl.run_alternating(sides, a.steps, a.blocks)
+        own = []  # the JAX process times its own steps (no pipe in them)
+        if jax_side is not None:
+            sides.append(("JAX", lambda i: own.extend(jax_side.call(cmd="time", n=1)["times"])))
+        bl.run_alternating(sides, 2 * a.warmup, 2, PAUSE if jax_side else 0.0)
+        own.clear()
+        times = bl.run_alternating(sides, a.steps, a.blocks, PAUSE if jax_side else 0.0)
+        if jax_side is not None:
+            times["JAX"] = own
     finally:
         tf_tpu_emb.ops.shutdown_tpu_embedding()
+        if jax_side is not None:
+            jax_side.close()
     ms = {k: 1e3 * statistics.median(v) for k, v in times.items()}
     print("\n  %-18s %10s %12s" % ("side", "ms/step", "samples/s"))
-    for k in ("V1", "V2", "V2 preprocessing"):
+    for k in [k for k in ("V1", "V2", "V2 preprocessing", "JAX") if k in ms]:
         print("  %-18s %10.2f %12s" % (k, ms[k], format(int(a.batch / ms[k] * 1e3), ",")))
     print("\n  V2 / V1 step time: %.2fx (target <= 1.3x); V2 preprocessing %.0f%% of its step"
           % (ms["V2"] / ms["V1"], 100 * ms["V2 preprocessing"] / ms["V2"]))
+    if "JAX" in ms:
+        print("  JAX / V2 step time: %.2fx (target <= 1.3x); JAX / V1 %.2fx"
+              % (ms["JAX"] / ms["V2"], ms["JAX"] / ms["V1"]))
     print("  loadavg (end) %s" % bl.read_first_line("/proc/loadavg"))
     return 0
 

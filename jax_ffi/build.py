@@ -2,12 +2,13 @@
 
     .venv-jax/bin/python jax_ffi/build.py      # what `make jax-build` runs
 
-g++ -O2 -std=c++17 -fPIC -shared against jaxlib's XLA FFI headers
+g++ -O3 -std=c++17 -fPIC -shared against jaxlib's XLA FFI headers
 (`jax.ffi.include_dir()`) and this tree's core/ (TF-free headers only); the
 result is tf_tpu_emb/jax/_sparsecore_ffi.so, which tf_tpu_emb.jax loads.
 No TensorFlow is needed or read.  CXX overrides the compiler (ccache works).
 """
 import os
+import platform
 import shlex
 import subprocess
 import sys
@@ -19,10 +20,19 @@ SOURCES = [os.path.join(ROOT, "jax_ffi", "sparsecore_ffi.cc")]
 OUTPUT = os.path.join(ROOT, "tf_tpu_emb", "jax", "_sparsecore_ffi.so")
 
 
+def target_flags() -> list:
+  """setup.py's portable baseline (x86-64-v2; the hot loops carry AVX2 and
+  AVX-512 clones, core/cpu_dispatch.h), so the library runs on any x86-64
+  CPU TensorFlow's and jaxlib's wheels run on."""
+  if platform.machine().lower() in ("x86_64", "amd64"):
+    return ["-march=x86-64-v2", "-mtune=generic"]
+  return []
+
+
 def command(output: str = OUTPUT) -> list:
   cxx = shlex.split(os.environ.get("CXX", "g++"))
   return cxx + [
-      "-O2", "-std=c++17", "-fPIC", "-shared",
+      "-O3", "-DNDEBUG", "-fno-math-errno", *target_flags(), "-std=c++17", "-fPIC", "-shared",
       "-Wall", "-Werror",
       "-I", ROOT, "-isystem", jax.ffi.include_dir(),
       *SOURCES, "-o", output,

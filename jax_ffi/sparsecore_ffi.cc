@@ -9,14 +9,19 @@
 // Every handler checks its buffers before it reads them and answers bad
 // input with InvalidArgument naming the argument and index; none reads or
 // writes out of bounds.
+#include <atomic>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <vector>
 
+#include "core/cpu_dispatch.h"
 #include "core/sparsecore.h"
 #include "core/sparsecore_optimizers.gen.h"
 #include "xla/ffi/api/ffi.h"
@@ -178,6 +183,120 @@ int64_t Count(const B& b) {
 
 int64_t Width(ffi::Span<const int64_t> dims) { return dims.size() == 2 ? dims[1] : 1; }
 
+// Runs work(p) for each part p of [0, parts) on XLA's intra-op threads
+// (ffi::ThreadPool) and on the calling thread, and returns when all are
+// done.  The caller claims parts too and waits only for parts another
+// thread has claimed, so it never waits on a task still queued: no
+// deadlock when every pool thread is itself inside such a call (XLA may run
+// independent custom calls at once).  A helper that starts late finds no
+// part left and touches nothing of the caller's.
+template <typename Work>
+void ParallelParts(ffi::ThreadPool* pool, int64_t parts, const Work& work) {
+  struct State {
+    std::atomic<int64_t> next{0};
+    std::mutex mu;
+    std::condition_variable cv;
+    int64_t done = 0;
+  };
+  auto state = std::make_shared<State>();
+  const Work* w = &work;
+  auto run = [state, w, parts] {
+    for (int64_t p; (p = state->next.fetch_add(1)) < parts;) {
+      (*w)(p);
+      std::lock_guard<std::mutex> lock(state->mu);
+      if (++state->done == parts) state->cv.notify_all();
+    }
+  };
+  const int64_t helpers = pool == nullptr ? 0 : std::min<int64_t>(parts, pool->num_threads()) - 1;
+  for (int64_t h = 0; h < helpers; ++h) {
+    auto task = run;  // Schedule keeps its own copy
+    pool->Schedule(std::move(task));
+  }
+  run();
+  std::unique_lock<std::mutex> lock(state->mu);
+  state->cv.wait(lock, [&] { return state->done == parts; });
+}
+
+// Parts for `items` units of work: one a thread (XLA's pool and the
+// caller), none below a size that pays for the scheduling.
+int64_t PartsFor(ffi::ThreadPool* pool, int64_t items) {
+  constexpr int64_t kMinItems = 1 << 12;
+  const int64_t threads = pool == nullptr ? 1 : std::max<int64_t>(1, pool->num_threads());
+  return std::max<int64_t>(1, std::min(threads, items / kMinItems));
+}
+
+// The hot loops, each carrying the CPU dispatch of core/cpu_dispatch.h (the
+// TF kernels' rule: a portable baseline build, AVX2 and AVX-512 clones
+// picked at run time); the ids were checked by CsrWalk::Walk before.  The
+// table rows are random reads: the rows a few ids ahead are prefetched.
+constexpr int64_t kAhead = 16;
+
+// activations[id.act_row] += id.gain * table[id.row] for the ids whose
+// activation row is in [first, last), ids in order.
+TF_TPU_EMB_CPU_DISPATCH
+void GatherRows(const Id* ids, int64_t n, const float* table, int64_t width, float* act,
+                int64_t first, int64_t last) {
+  for (int64_t i = 0; i < n; ++i) {
+    const Id& id = ids[i];
+    if (id.act_row < first || id.act_row >= last) continue;
+    if (i + kAhead < n) {
+      const float* ahead = table + ids[i + kAhead].row * width;
+      for (int64_t b = 0; b < width; b += 16) __builtin_prefetch(ahead + b);
+    }
+    float* a = act + id.act_row * width;
+    const float* w = table + id.row * width;
+    const float gain = id.gain;
+    for (int64_t d = 0; d < width; ++d) a[d] += gain * w[d];
+  }
+}
+
+// grad[slot[i]] += ids[i].gain * act_grad[ids[i].act_row] for the ids whose
+// slot is in [first, last), ids in order.
+TF_TPU_EMB_CPU_DISPATCH
+void SumGradients(const Id* ids, const int64_t* slot, int64_t n, const float* act_grad,
+                  int64_t width, float* grad, int64_t first, int64_t last) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (slot[i] < first || slot[i] >= last) continue;
+    if (i + kAhead < n) {
+      const float* ahead = act_grad + ids[i + kAhead].act_row * width;
+      for (int64_t b = 0; b < width; b += 16) __builtin_prefetch(ahead + b);
+    }
+    float* acc = grad + slot[i] * width;
+    const float* src = act_grad + ids[i].act_row * width;
+    const float gain = ids[i].gain;
+    for (int64_t d = 0; d < width; ++d) acc[d] += gain * src[d];
+  }
+}
+
+// The optimizer on rows touched[0, n) of the table w[0] and its slots
+// w[1..nvars), row k's gradient at grad + k * width, then the clipping.
+TF_TPU_EMB_CPU_DISPATCH
+void UpdateTouched(sc_opt::Opt opt, const sc_opt::Hyper& hyper, float lr, float* const* w,
+                   int64_t nvars, const int64_t* touched, int64_t n, const float* grad,
+                   int64_t width, bool clip_min, float min_value, bool clip_max, float max_value) {
+  for (int64_t k = 0; k < n; ++k) {
+    if (k + kAhead / 4 < n) {
+      const int64_t ahead = touched[k + kAhead / 4] * width;
+      for (int64_t v = 0; v < nvars; ++v) {
+        for (int64_t b = 0; b < width; b += 16) __builtin_prefetch(w[v] + ahead + b, 1);
+      }
+    }
+    const int64_t off = touched[k] * width;
+    RowArgs a{};
+    a.w = w[0] + off;
+    for (int64_t v = 1; v < nvars; ++v) a.s[v - 1] = w[v] + off;
+    a.g = grad + k * width;
+    a.dim = static_cast<int>(width);
+    a.lr = lr;
+    sc_opt::JaxUpdate(opt, a, hyper);
+    float* row = a.w;
+    for (int64_t d = 0; d < width; ++d) {
+      if (clip_min && row[d] < min_value) row[d] = min_value;
+      if (clip_max && row[d] > max_value) row[d] = max_value;
+    }
+  }
+}
+
 ffi::Error CheckCommon(const ffi::Buffer<ffi::S32>& rp, const ffi::Buffer<ffi::S32>& ids,
                        const ffi::Buffer<ffi::S32>& samples, const ffi::Buffer<ffi::F32>& gains,
                        int64_t num_sc, int64_t num_devices) {
@@ -210,7 +329,8 @@ ffi::Error LookupImpl(ffi::Buffer<ffi::S32> rp, ffi::Buffer<ffi::S32> ids,
                       ffi::Buffer<ffi::S32> samples, ffi::Buffer<ffi::F32> gains,
                       ffi::Buffer<ffi::S32> num_minibatches, ffi::Buffer<ffi::F32> table,
                       ffi::ResultBuffer<ffi::F32> out, int64_t num_sc, int64_t num_devices,
-                      bool minibatching) {
+                      bool minibatching, ffi::ThreadPool thread_pool) {
+  ffi::ThreadPool* pool = &thread_pool;
   if (ffi::Error e = CheckCommon(rp, ids, samples, gains, num_sc, num_devices); e.failure()) {
     return e;
   }
@@ -248,14 +368,21 @@ ffi::Error LookupImpl(ffi::Buffer<ffi::S32> rp, ffi::Buffer<ffi::S32> ids,
                0,
                global_sc,
                minibatching ? num_minibatches.typed_data() : nullptr};
+  thread_local std::vector<Id> found;  // kept between calls: no allocation once sized
+  found.clear();
+  ffi::Error walked = walk.Walk([&](const Id& id) { found.push_back(id); });
+  if (walked.failure()) return walked;
   float* act = out->typed_data();
   std::memset(act, 0, sizeof(float) * batch * width);
-  const float* t = table.typed_data();
-  return walk.Walk([&](const Id& id) {
-    float* a = act + id.act_row * width;
-    const float* w = t + id.row * width;
-    for (int64_t d = 0; d < width; ++d) a[d] += id.gain * w[d];
+  // The lambda runs on other threads too: it must not name the thread_local.
+  const Id* id_list = found.data();
+  const int64_t n = static_cast<int64_t>(found.size());
+  const int64_t parts = PartsFor(pool, n * width / 16);
+  const float* rows = table.typed_data();
+  ParallelParts(pool, parts, [&](int64_t p) {
+    GatherRows(id_list, n, rows, width, act, batch * p / parts, batch * (p + 1) / parts);
   });
+  return walked;
 }
 
 // The gradient of each row of this device's table operand that has an id:
@@ -272,7 +399,8 @@ ffi::Error RowGradients(const ffi::Buffer<ffi::S32>& rp, const ffi::Buffer<ffi::
                         const ffi::Buffer<ffi::F32>& act_grad,
                         const ffi::Buffer<ffi::S32>& shard_offset, ffi::Span<const int64_t> tdims,
                         int64_t num_sc, int64_t num_devices, int64_t sources, bool minibatching,
-                        std::vector<int64_t>* touched, std::vector<float>* grad) {
+                        ffi::ThreadPool* pool, std::vector<int64_t>* touched,
+                        std::vector<float>* grad) {
   if (sources <= 0 || sources > kMaxCount) {
     return Invalid("sources: " + Str(sources) + " is not in [1, " + Str(kMaxCount) + "]");
   }
@@ -317,21 +445,39 @@ ffi::Error RowGradients(const ffi::Buffer<ffi::S32>& rp, const ffi::Buffer<ffi::
                num_sc,
                minibatching ? num_minibatches.typed_data() : nullptr};
 
-  // Sum each touched row's gradient in buffer order; rows in first-touch order.
+  // Sum each touched row's gradient in buffer order; rows in first-touch
+  // order.  Row -> slot: a table of the thread's, kept between calls and
+  // reset only where this call wrote.
   const int64_t rows = tdims[0];
-  std::vector<int64_t> slot_of(rows, -1);
-  const float* g = act_grad.typed_data();
+  thread_local std::vector<int64_t> slot_of;
+  thread_local std::vector<Id> found;
+  thread_local std::vector<int64_t> slot;
+  if (static_cast<int64_t>(slot_of.size()) < rows) slot_of.assign(rows, -1);
+  found.clear();
+  slot.clear();
   ffi::Error walked = walk.Walk([&](const Id& id) {
     if (id.row < 0) return;
     int64_t& k = slot_of[id.row];
     if (k < 0) {
       k = static_cast<int64_t>(touched->size());
       touched->push_back(id.row);
-      grad->resize(grad->size() + width, 0.0f);
     }
-    float* acc = grad->data() + k * width;
-    const float* src = g + id.act_row * width;
-    for (int64_t d = 0; d < width; ++d) acc[d] += id.gain * src[d];
+    found.push_back(id);
+    slot.push_back(k);
+  });
+  for (int64_t row : *touched) slot_of[row] = -1;
+  if (walked.failure()) return walked;
+  grad->assign(touched->size() * width, 0.0f);
+  // The lambda runs on other threads too: it must not name the thread_locals.
+  const Id* id_list = found.data();
+  const int64_t* slot_list = slot.data();
+  const int64_t n = static_cast<int64_t>(found.size());
+  const int64_t slots = static_cast<int64_t>(touched->size());
+  const int64_t parts = PartsFor(pool, n * width / 16);
+  float* sums = grad->data();
+  const float* g = act_grad.typed_data();
+  ParallelParts(pool, parts, [&](int64_t p) {
+    SumGradients(id_list, slot_list, n, g, width, sums, slots * p / parts, slots * (p + 1) / parts);
   });
   return walked;
 }
@@ -352,7 +498,9 @@ ffi::Error GradImpl(ffi::Buffer<ffi::S32> rp, ffi::Buffer<ffi::S32> ids,
                     ffi::Buffer<ffi::S32> shard_offset, ffi::RemainingArgs args,
                     ffi::RemainingRets rets, std::string_view optimizer, int64_t num_sc,
                     int64_t num_devices, int64_t sources, bool clip_min, float min_value,
-                    bool clip_max, float max_value, bool multiply_linear_by_lr, bool minibatching) {
+                    bool clip_max, float max_value, bool multiply_linear_by_lr, bool minibatching,
+                    ffi::ThreadPool thread_pool) {
+  ffi::ThreadPool* pool = &thread_pool;
   if (ffi::Error e = CheckCommon(rp, ids, samples, gains, num_sc, num_devices); e.failure()) {
     return e;
   }
@@ -428,7 +576,7 @@ ffi::Error GradImpl(ffi::Buffer<ffi::S32> rp, ffi::Buffer<ffi::S32> ids,
   std::vector<float> grad;
   if (ffi::Error e =
           RowGradients(rp, ids, samples, gains, num_minibatches, act_grad, shard_offset, tdims,
-                       num_sc, num_devices, sources, minibatching, &touched, &grad);
+                       num_sc, num_devices, sources, minibatching, pool, &touched, &grad);
       e.failure()) {
     return e;
   }
@@ -436,22 +584,14 @@ ffi::Error GradImpl(ffi::Buffer<ffi::S32> rp, ffi::Buffer<ffi::S32> ids,
   for (int64_t v = 0; v < nvars; ++v) {
     if (out[v] != in[v]) std::memcpy(out[v], in[v], sizeof(float) * table_elems);
   }
-  const int dim = static_cast<int>(width);
-  for (size_t k = 0; k < touched.size(); ++k) {
-    const int64_t off = touched[k] * width;
-    float* w = out[0] + off;
-    RowArgs a{};
-    a.w = w;
-    for (int64_t v = 1; v < nvars; ++v) a.s[v - 1] = out[v] + off;
-    a.g = grad.data() + k * width;
-    a.dim = dim;
-    a.lr = scalar[0];
-    sc_opt::JaxUpdate(opt, a, hyper);
-    for (int d = 0; d < dim; ++d) {
-      if (clip_min && w[d] < min_value) w[d] = min_value;
-      if (clip_max && w[d] > max_value) w[d] = max_value;
-    }
-  }
+  const int64_t n = static_cast<int64_t>(touched.size());
+  const int64_t parts = PartsFor(pool, n * width * nvars / 16);
+  ParallelParts(pool, parts, [&](int64_t p) {
+    const int64_t lo = n * p / parts;
+    UpdateTouched(opt, hyper, scalar[0], out.data(), nvars, touched.data() + lo,
+                  n * (p + 1) / parts - lo, grad.data() + lo * width, width, clip_min, min_value,
+                  clip_max, max_value);
+  });
   return ffi::Error::Success();
 }
 
@@ -468,7 +608,8 @@ ffi::Error RowGradsImpl(ffi::Buffer<ffi::S32> rp, ffi::Buffer<ffi::S32> ids,
                         ffi::Buffer<ffi::S32> shard_offset, ffi::Buffer<ffi::F32> table,
                         ffi::ResultBuffer<ffi::S32> rows, ffi::ResultBuffer<ffi::S32> count,
                         ffi::ResultBuffer<ffi::F32> grads, int64_t num_sc, int64_t num_devices,
-                        int64_t sources, bool minibatching) {
+                        int64_t sources, bool minibatching, ffi::ThreadPool thread_pool) {
+  ffi::ThreadPool* pool = &thread_pool;
   if (ffi::Error e = CheckCommon(rp, ids, samples, gains, num_sc, num_devices); e.failure()) {
     return e;
   }
@@ -484,7 +625,7 @@ ffi::Error RowGradsImpl(ffi::Buffer<ffi::S32> rp, ffi::Buffer<ffi::S32> ids,
   std::vector<float> grad;
   if (ffi::Error e =
           RowGradients(rp, ids, samples, gains, num_minibatches, act_grad, shard_offset, tdims,
-                       num_sc, num_devices, sources, minibatching, &touched, &grad);
+                       num_sc, num_devices, sources, minibatching, pool, &touched, &grad);
       e.failure()) {
     return e;
   }
@@ -517,7 +658,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TfTpuEmbScLookup, tf_tpu_emb::jax_sc::LookupImpl,
                                   .Ret<ffi::Buffer<ffi::F32>>()  // activations
                                   .Attr<int64_t>("num_sc_per_device")
                                   .Attr<int64_t>("num_devices")
-                                  .Attr<bool>("minibatching"));
+                                  .Attr<bool>("minibatching")
+                                  .Ctx<ffi::ThreadPool>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(TfTpuEmbScGrad, tf_tpu_emb::jax_sc::GradImpl,
                               ffi::Ffi::Bind()
@@ -539,7 +681,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TfTpuEmbScGrad, tf_tpu_emb::jax_sc::GradImpl,
                                   .Attr<bool>("clip_max")
                                   .Attr<float>("max_value")
                                   .Attr<bool>("multiply_linear_by_lr")
-                                  .Attr<bool>("minibatching"));
+                                  .Attr<bool>("minibatching")
+                                  .Ctx<ffi::ThreadPool>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(TfTpuEmbScRowGrads, tf_tpu_emb::jax_sc::RowGradsImpl,
                               ffi::Ffi::Bind()
@@ -557,4 +700,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TfTpuEmbScRowGrads, tf_tpu_emb::jax_sc::RowGradsIm
                                   .Attr<int64_t>("num_sc_per_device")
                                   .Attr<int64_t>("num_devices")
                                   .Attr<int64_t>("sources")
-                                  .Attr<bool>("minibatching"));
+                                  .Attr<bool>("minibatching")
+                                  .Ctx<ffi::ThreadPool>());

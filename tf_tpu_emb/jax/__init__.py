@@ -172,7 +172,7 @@ def _lookup_rule(ctx, row_pointers, embedding_ids, sample_ids, gains,
   (out_aval,) = ctx.avals_out
 
   def lookup(rp, ids, samples, g, nmb, tbl):  # the primitive's operands
-    if axes:  # every device's shards, in global SparseCore order
+    if n > 1:  # every device's shards, in global SparseCore order
       tbl = jax.lax.all_gather(tbl, axes, axis=0, tiled=True)
     return jax.ffi.ffi_call(
         LOOKUP_TARGET, jax.ShapeDtypeStruct(out_aval.shape, np.float32))(
@@ -234,7 +234,7 @@ def _shard_offsets(axes, n, num_sc, operands):
   """Under shard_map: every device's CSR buffers and activation gradients
   (`operands`, gathered) and this device's first global SparseCore."""
   import jax
-  if axes:
+  if n > 1:  # (one device: nothing to gather, and no copy of the operands)
     gathered = [jax.lax.all_gather(x, axes, axis=0, tiled=True) for x in operands]
     return gathered, (jax.lax.axis_index(axes) * num_sc).astype(np.int32)
   return list(operands), jax.numpy.zeros((), np.int32)
