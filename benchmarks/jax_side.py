@@ -6,7 +6,9 @@ through tf_tpu_emb.jax (its primitives' CPU lowerings), in `.venv-jax`
 
 One CPU device of `num_sc` SparseCores; one table per feature, as the V2
 side's; per step: the package's input preprocessing
-(`embedding.preprocess_sparse_dense_matmul_input`, its C++ on the host),
+(`embedding.preprocess_sparse_dense_matmul_input`, its C++ on the host;
+its buffers sized from the batches' statistics, as the package's warning
+asks a program to: `embedding.update_preprocessing_parameters`),
 then one jitted program: the lookup (`tpu_sparse_dense_matmul`), the loss
 gradient (the fixed c_t of bench_train.loss_weights) and the gradient +
 Adagrad update (`tpu_sparse_dense_matmul_grad`), the variables donated so
@@ -100,8 +102,28 @@ class JaxSide:
         mapped = jax.shard_map(step, mesh=self.mesh, in_specs=(P("x"), P("x"), P()),
                                out_specs=(P(), P("x")), check_vma=False)
         self.step_fn = jax.jit(mapped, donate_argnums=(1,))
+        self.tune_buffers()
         self.i = 0
         self.variables = self.initial()
+
+    def tune_buffers(self):
+        """The package's documented tuning (its preprocessing warns that the
+        default COO buffers may be far too large): the batches' statistics,
+        element-wise max, given to `embedding.update_preprocessing_parameters`,
+        so the buffers fit these batches as a tuned program's fit its data."""
+        merged = None
+        for b in range(len(self.batches)):
+            stats = self.preprocess(b, with_stats=True)[1]
+            if merged is None:
+                merged = stats
+                continue
+            for field in ("max_ids_per_partition", "max_unique_ids_per_partition",
+                          "required_buffer_size_per_sc"):
+                mine, theirs = getattr(merged, field), getattr(stats, field)
+                for k, v in theirs.items():
+                    mine[k] = np.maximum(mine[k], v) if k in mine else v
+        self.embedding.update_preprocessing_parameters(self.features, merged,
+                                                       self.w["num_sc"])
 
     def initial(self):
         w, es_vars = self.w, {}
@@ -119,13 +141,13 @@ class JaxSide:
                 slot=es.AdagradSlotVariables(put(shard(acc).reshape(-1, w["dim"]))))
         return es_vars
 
-    def preprocess(self, b):
+    def preprocess(self, b, with_stats=False):
         feats = {"f%d" % t: x for t, x in enumerate(self.batches[b])}
         weights = {f: self.ones for f in feats}
-        out, _ = self.embedding.preprocess_sparse_dense_matmul_input(
+        out, stats = self.embedding.preprocess_sparse_dense_matmul_input(
             feats, weights, self.features, local_device_count=1, global_device_count=1,
             num_sc_per_device=self.w["num_sc"])
-        return out
+        return (out, stats) if with_stats else out
 
     def step(self, b):
         loss, self.variables = self.step_fn(self.preprocess(b), self.variables, self.c)

@@ -224,7 +224,7 @@ def test_get_config_round_trip():
 def test_serving_export_runs_without_tf_tpu_emb(trained, tmp_path):
     model, _, data, _, _ = trained
     path = str(tmp_path / "served")
-    serve = export_serving_v0(model, path)
+    serve = export_serving_v0(path, model)  # export_serving's order
     with open(os.path.join(path, "saved_model.pb"), "rb") as f:
         assert b"TfTpuEmb" not in f.read()  # stock ops only
     x, _ = data[1]
@@ -254,3 +254,19 @@ def test_fit_under_mirrored_strategy_two_cpus():
     proc = harness.run_python([harness.common_script("v0_strategy_script.py"), "keras"],
                               timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), harness.describe(proc)
+
+
+@pytest.mark.system
+def test_serving_export_old_argument_order_warns(trained, tmp_path):
+    """export_serving_v0(model, filepath), the order of earlier releases, and
+    filepath= by keyword still export, with a DeprecationWarning; a path that
+    is no path is a TypeError."""
+    model = trained[0]
+    with pytest.warns(DeprecationWarning, match="pass the path first"):
+        export_serving_v0(model, str(tmp_path / "old"))
+    assert os.path.exists(os.path.join(str(tmp_path / "old"), "saved_model.pb"))
+    with pytest.warns(DeprecationWarning, match="pass the path first"):
+        export_serving_v0(model, filepath=str(tmp_path / "kw"))
+    assert os.path.exists(os.path.join(str(tmp_path / "kw"), "saved_model.pb"))
+    with pytest.raises(TypeError, match="path must be a str"):
+        export_serving_v0(model, model)

@@ -28,7 +28,10 @@ that the serving lookup drops ids < 0 and, for mean/sqrtn, entries with
 weight <= 0 (``FeatureConfig.validate_weights_and_indices``).
 """
 import contextlib
+import os
 import threading
+import warnings
+from typing import Any, Optional, Union
 
 import keras
 import tensorflow as tf
@@ -209,12 +212,44 @@ def _flat_signature(input_signature):
                                         collision_hint="; rename a feature")
 
 
-def export_serving_v0(model, filepath, input_signature=None):
+def _path_first(path, model, filepath):
+    """(path, model) from export_serving_v0's arguments, old orders included
+    (with a DeprecationWarning)."""
+    def is_path(x):
+        return isinstance(x, (str, bytes, os.PathLike))
+    if filepath is not None:
+        if model is not None and path is not None:
+            raise TypeError("export_serving_v0: pass either path or filepath, not both")
+        warnings.warn("export_serving_v0(model, filepath=...) is deprecated: pass the path "
+                      "first, export_serving_v0(path, model), as export_serving takes them",
+                      DeprecationWarning, stacklevel=3)
+        return filepath, path if model is None else model
+    if not is_path(path) and is_path(model):
+        warnings.warn("export_serving_v0(model, filepath) is deprecated: pass the path first, "
+                      "export_serving_v0(path, model), as export_serving takes them",
+                      DeprecationWarning, stacklevel=3)
+        return model, path
+    if not is_path(path):
+        raise TypeError("export_serving_v0: path must be a str or os.PathLike, got %s"
+                        % type(path).__name__)
+    if model is None:
+        raise TypeError("export_serving_v0(path, model): model is missing")
+    return path, model
+
+
+def export_serving_v0(path: Union[str, "os.PathLike[str]"], model: Optional["keras.Model"] = None,
+                      input_signature: Optional[Any] = None, *,
+                      filepath: Optional[str] = None) -> "tf.types.experimental.GenericFunction":
     """Writes ``model`` as a TF SavedModel of stock ops only.
+
+    The arguments come in :func:`tf_tpu_emb.keras.export_serving`'s order,
+    ``export_serving_v0(path, model)``.  The order of earlier releases,
+    ``export_serving_v0(model, filepath)`` (or ``filepath=`` by keyword),
+    still works and warns (``DeprecationWarning``).
 
     Every :class:`TPUEmbeddingV0Layer` in the traced graphs looks up with
     ``serving_embedding_lookup`` on its (same) tables instead of the fused
-    op, so ``tf.saved_model.load(filepath)`` works in a TensorFlow without
+    op, so ``tf.saved_model.load(path)`` works in a TensorFlow without
     ``tf_tpu_emb``.  The SavedModel has
 
     * ``serve(inputs)``: a ``tf.function`` taking the model's input structure
@@ -229,16 +264,18 @@ def export_serving_v0(model, filepath, input_signature=None):
       :func:`tf_tpu_emb.signatures.output_dict` names them.
 
     Args:
+      path: the SavedModel directory.
       model: a built ``keras.Model``.
-      filepath: the SavedModel directory.
       input_signature: the model's input structure of ``tf.TensorSpec`` /
         ``tf.SparseTensorSpec`` / ``tf.RaggedTensorSpec``; default: derived
         from a Functional model's inputs (``keras.Input(sparse=True)`` /
         ``ragged=True`` become sparse / ragged specs).
+      filepath: deprecated spelling of ``path``.
 
     Returns:
       The ``serve`` ``tf.function``.
     """
+    path, model = _path_first(path, model, filepath)
     if input_signature is None:
         structure = getattr(model, "_inputs_struct", None)
         if structure is None:
@@ -265,5 +302,5 @@ def export_serving_v0(model, filepath, input_signature=None):
                 return signatures_lib.output_dict(outputs_of(flat.unflatten(tensors)[0]))
             signatures = {signatures_lib.DEFAULT_SIGNATURE: tf.function(
                 serving_default, autograph=False).get_concrete_function(**flat.specs)}
-        tf.saved_model.save(root, filepath, signatures=signatures)
+        tf.saved_model.save(root, path, signatures=signatures)
     return root.serve
