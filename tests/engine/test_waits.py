@@ -66,10 +66,18 @@ def test_dequeue_after_an_enqueue_elsewhere_takes_the_batch(embedding):
 
 # ------------------------------------------------------------------- Ctrl-C
 
+def _default_sigint():
+    # A shell without job control starts background commands with SIGINT
+    # ignored, and Python keeps an inherited SIG_IGN (no KeyboardInterrupt):
+    # the child gets the default a terminal's Python has, wherever pytest runs.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(mode):
     env = harness.child_env(**LONG_TIMEOUT)
     return subprocess.Popen([sys.executable, SCRIPT, mode], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+                            stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=_default_sigint)
 
 
 def _interrupt(proc):
