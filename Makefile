@@ -151,8 +151,12 @@ SAN_ENV    = LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-
              PYTHONPATH=$(SAN_TREE) TF_TPU_EMB_FUZZ_TIMEOUT=120
 # The sanitizer lane runs what C++ runs under: the engine, op, C++ unit,
 # fuzz and cluster tests, the `slow` soak/stress ones among them included.
+# Not here (the default lane runs them): the cluster benchmark's and the
+# worker example's end-to-end runs, programs around the same host and engine
+# code the cluster tests drive (minutes each under the sanitizers).
 SAN_TESTS  ?= tests/engine tests/ops tests/sparsecore tests/cpp tests/fuzz tests/cluster tests/api/test_lifecycle_stress.py
-SAN_PYTEST ?= -q -x -p no:cacheprovider $(XDIST) $(DURATIONS) -m "not clients" $(SAN_TESTS)
+SAN_SKIP   ?= --ignore=tests/cluster/test_bench_cluster.py --ignore=tests/cluster/test_worker_example.py
+SAN_PYTEST ?= -q -x -p no:cacheprovider $(XDIST) $(DURATIONS) -m "not clients" $(SAN_SKIP) $(SAN_TESTS)
 sanitize: venv
 	$(call build_in_copy,$(SAN_TREE),TF_TPU_EMB_SANITIZE=1 $(CURDIR)/$(PY))
 	cd $(SAN_TREE) && $(SAN_ENV) $(CURDIR)/$(VENV)/bin/pytest $(SAN_PYTEST) $(PYTEST_ARGS)

@@ -154,6 +154,12 @@ CASES = [
     (2, "adagrad", "auto", "all", "train_on_batch"),
     (2, "adam,ftrl", "auto", "none", "fit"),
 ]
+# More replica counts by hand (a few minutes each on 2 cores, so not in the
+# lane): TF_TPU_EMB_JAX_REPLICAS=4,8 adds, for each, the same cases at that
+# count: SGD + Adagrad, Adagrad stacked with the checkpoint, Adam + FTRL.
+CASES += [(int(r), opt, placement, stacking, driver)
+          for r in os.environ.get("TF_TPU_EMB_JAX_REPLICAS", "").split(",") if r.strip()
+          for _, opt, placement, stacking, driver in CASES[:3]]
 
 
 @pytest.mark.parametrize("replicas,optimizer,placement,stacking,driver", CASES)
