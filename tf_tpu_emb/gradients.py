@@ -32,7 +32,7 @@ joins the two ends, in the three ways TensorFlow programs are written.
   There are no graph collections in eager mode, and a tape calls gradient
   functions one op at a time, so something must notice when *all* lookups of
   a step have their gradient and then emit exactly one Send.  ``hook_step``
-  builds, per step::
+  builds, per step:
 
       dummy variables ──F──> handle_0 ─┐
                               handle_1 ─┼─> TPUEmbeddingActivations(handle_k, act_k)

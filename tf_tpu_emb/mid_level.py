@@ -5,7 +5,7 @@ The surface is that of ``tf.tpu.experimental.embedding.TPUEmbedding`` (v2):
 ``embedding_tables``, with the same output-shape rules and validation
 errors, and it takes TF's own ``TableConfig`` / ``FeatureConfig`` /
 ``QuantizationConfig`` and optimizer objects (plus ours, in
-``tf_tpu_emb.optimizers``, for the algorithms TF's Python lacks).  Instead of
+(:mod:`tf_tpu_emb.optimizers`, for the algorithms TF's Python lacks).  Instead of
 a TPU it drives this library's CPU engine:
 
 * ``build`` writes the ``TPUEmbeddingConfiguration`` (one feature descriptor
@@ -29,7 +29,7 @@ a TPU it drives this library's CPU engine:
   before a save and loads them into the engine after a restore.  Checkpoints
   therefore move between this class, TF's ``TPUEmbedding`` and
   ``TPUEmbeddingForServing``.
-* **Several hosts** (``cluster=``, a ``tf_tpu_emb.cluster.EmbeddingHosts``):
+* **Several hosts** (``cluster=``, a :class:`tf_tpu_emb.cluster.EmbeddingHosts`):
   every table is sharded over the cluster's embedding hosts
   (``sharding_strategy`` DIV_DEFAULT or MOD); ``tf_tpu_emb.cluster.sharded``
   configures, loads, routes, sums and sends across them.  ``workers=(index,
@@ -44,6 +44,8 @@ import dataclasses
 import logging
 import threading
 import weakref
+from typing import (TYPE_CHECKING, Any, Callable, Iterable, List, Mapping, Optional, Sequence,
+                    Tuple, Union)
 
 import tensorflow as tf
 from tensorflow.core.protobuf.tpu import tpu_embedding_configuration_pb2 as config_pb2
@@ -66,6 +68,9 @@ from tf_tpu_emb import optimizers as optimizers_lib
 from tf_tpu_emb import send as send_lib
 from tf_tpu_emb import structure
 from tf_tpu_emb import table_views
+
+if TYPE_CHECKING:  # annotations only: the cluster package is imported on use
+    from tf_tpu_emb.cluster import hosts as hosts_lib
 
 _logger = logging.getLogger(__name__)
 
@@ -107,6 +112,45 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         loss = model(activations)
     embedding.apply_gradients(tape.gradient(loss, activations))
     ```
+
+    Args:
+      feature_config: TF's ``tf.tpu.experimental.embedding.FeatureConfig``
+        objects, one or a nest of them (list, tuple, dict): the structure of
+        every ``enqueue``, ``dequeue`` and ``apply_gradients``.  Their
+        ``TableConfig`` s become the tables; a table without a name is named
+        ``table_<i>`` and one without an optimizer gets ``optimizer``, as in
+        TF.
+      optimizer: the optimizer of the tables that name none: one of TF's
+        (``tf.tpu.experimental.embedding.SGD``, ``Adagrad``, ``Adam``,
+        ``FTRL`` ...) or of :mod:`tf_tpu_emb.optimizers`.  ``None`` is TF's
+        serving-only form: no slot variables, and ``apply_gradients`` is
+        refused.
+      pipeline_execution_with_tensor_core: TF's flag, written into the
+        ``TPUEmbeddingConfiguration``: when true, the forward pass of step
+        N+1 may run before the backward pass of step N, so the activations
+        need not see the previous step's update.  Here the engine keeps each
+        step's update until every replica's next lookup has read the tables
+        and then applies it on a thread of its own: step N+1's activations
+        never include step N's update, step N+2's always do (a Retrieve, a
+        Load or a checkpoint applies a kept update first).  With ``cluster=``
+        each host's engine follows the same rule and also looks one batch
+        ahead, so a step's lookup overlaps the previous step's gradients
+        travelling back (docs/engine.md "Semantics worth knowing",
+        docs/guides/several-machines.md).  Default ``False``: each lookup
+        sees every update before it.
+      cluster: the embedding hosts to shard every table over (a
+        :class:`tf_tpu_emb.cluster.EmbeddingHosts`); ``None``: this process's
+        engine holds the tables.
+      sharding_strategy: how rows are sharded over the hosts,
+        ``"DIV_DEFAULT"`` (contiguous ranges) or ``"MOD"`` (row ``i`` on
+        shard ``i % shards``), TF's ``ShardingStrategy`` names.
+      workers: ``(index, count)``: this process is worker ``index`` of
+        ``count`` client processes training the model (``cluster=`` only).
+
+    Raises:
+      ValueError: a feature that is not a ``FeatureConfig``, an unsupported
+        optimizer class, two tables with one name, an unknown
+        ``sharding_strategy`` or bad ``workers``.
     """
 
     def __new__(cls, feature_config=None, optimizer=None,
@@ -117,9 +161,13 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                                      pipeline_execution_with_tensor_core)
         return super().__new__(cls)
 
-    def __init__(self, feature_config, optimizer,
-                 pipeline_execution_with_tensor_core=False, *, cluster=None,
-                 sharding_strategy="DIV_DEFAULT", workers=(0, 1)):
+    def __init__(self,
+                 feature_config: Union[tpu_embedding_v2_utils.FeatureConfig, Iterable],
+                 optimizer: Optional[tpu_embedding_v2_utils._Optimizer],
+                 pipeline_execution_with_tensor_core: bool = False, *,
+                 cluster: Optional["hosts_lib.EmbeddingHosts"] = None,
+                 sharding_strategy: str = "DIV_DEFAULT",
+                 workers: Tuple[int, int] = (0, 1)) -> None:
         self._cluster = cluster
         self._sharding = config_pb2.TPUEmbeddingConfiguration.ShardingStrategy.Value(
             sharding_strategy)
@@ -236,8 +284,10 @@ class TPUEmbedding(autotrackable.AutoTrackable):
 
     # ------------------------------------------------------------------ build
 
-    def build(self, per_replica_input_shapes=None, per_replica_batch_size=None, *,
-              takeover=False):
+    def build(self,
+              per_replica_input_shapes: Optional[Union[tf.TensorShape, Iterable, int]] = None,
+              per_replica_batch_size: Optional[int] = None, *,
+              takeover: bool = False) -> None:
         """Fixes the output shapes, configures the engine and creates and loads
         the tables (see ``tf.tpu.experimental.embedding.TPUEmbedding.build``).
 
@@ -264,9 +314,16 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         After ``shutdown()`` a ``build()`` configures the engine again (the
         only way besides restoring a checkpoint: nothing rebuilds
         implicitly), loading the tables from the host variables (their last
-        retrieve or restore).  ``takeover`` (``cluster=`` only): take the
-        embedding hosts even while another trainer's lease on them runs
-        (README "Running on several machines").
+        retrieve or restore).
+
+        Args:
+          per_replica_input_shapes: the input shapes, in the feature config's
+            structure or flat; an ``int`` is taken as the per-replica batch
+            size.
+          per_replica_batch_size: the per-replica batch size.
+          takeover: (``cluster=`` only) take the embedding hosts even while
+            another trainer's lease on them runs (README "Running on several
+            machines").
         """
         with self._lock:
             self._build(per_replica_input_shapes, per_replica_batch_size, takeover)
@@ -410,7 +467,7 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         """The typed Load/Retrieve handles of the table's optimizer."""
         return ops.table_ops(optimizers_lib.info_of(self._optimizer_of(table)).proto_field)
 
-    def table_state_names(self, table):
+    def table_state_names(self, table: tpu_embedding_v2_utils.TableConfig) -> List[str]:
         """The names of ``table`` 's state tensors: ``parameters``, then its
         optimizer's slots, in the order of ``load_table`` / ``retrieve_table``."""
         return list(self._table_ops(table).tensors)
@@ -471,7 +528,8 @@ class TPUEmbedding(autotrackable.AutoTrackable):
             if self._step_variable is not None:
                 self._step_variable.assign(self._backend.step_count()[0])
 
-    def load_table(self, table, values):
+    def load_table(self, table: tpu_embedding_v2_utils.TableConfig,
+                   values: Sequence["tf.types.experimental.TensorLike"]):
         """Writes a whole table's state tensors (``table_state_names(table)``
         order, each ``[vocabulary_size, dim]``) into the engine (every host's
         shard of it with ``cluster=``).  After ``build``."""
@@ -479,7 +537,7 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         with self._backend.errors():
             return self._backend.load(self._table_ops(table), table.name, values)
 
-    def retrieve_table(self, table):
+    def retrieve_table(self, table: tpu_embedding_v2_utils.TableConfig) -> List[tf.Tensor]:
         """A whole table's state tensors (``table_state_names(table)`` order)
         from the engine (reassembled from the hosts with ``cluster=``)."""
         self._require_built("retrieve_table")
@@ -488,7 +546,12 @@ class TPUEmbedding(autotrackable.AutoTrackable):
 
     # ---------------------------------------------------------------- enqueue
 
-    def enqueue(self, features, weights=None, training=True, name=None, device=None):
+    def enqueue(self,
+                features: Union[tf.Tensor, tf.SparseTensor, tf.RaggedTensor, Iterable],
+                weights: Optional[Union[tf.Tensor, tf.SparseTensor, tf.RaggedTensor,
+                                        Iterable]] = None,
+                training: Union[bool, tf.Tensor] = True, name: Optional[str] = None,
+                device: Optional[str] = None) -> None:
         """Enqueues one step of ids (``features``, same structure as the
         feature config: dense ``tf.Tensor``, ``tf.SparseTensor`` or
         ``tf.RaggedTensor``; optional ``weights`` of the same kinds) for the
@@ -505,6 +568,16 @@ class TPUEmbedding(autotrackable.AutoTrackable):
         compiler instead.  TPU-only in TF, and not done here: the check that
         inputs are not on a TPU device, and the outside-compilation rewrite of
         an enqueue inside a TPU replica function.
+
+        Args:
+          features: the ids, in the feature config's structure (per-replica
+            distributed values too).
+          weights: optional weights of the sparse or ragged features, same
+            structure (``None`` leaves for unweighted features).
+          training: ``False`` for an inference batch.
+          name: the op's name.
+          device: the replica that plain inputs go to, outside
+            ``strategy.run`` (``None``: every replica).
         """
         structure.assert_same_structure(self._feature_config, features, "enqueue(features)")
         flat_weights = [None] * len(self._features)
@@ -586,19 +659,31 @@ class TPUEmbedding(autotrackable.AutoTrackable):
                                "call enqueue first or manually call the build method."
                                .format(what))
 
-    def dequeue(self, name=None):
+    def dequeue(self, name: Optional[str] = None) -> Union[tf.Tensor, Iterable]:
         """This replica's activations for the oldest enqueued step, in the
-        feature config's structure (each ``output_shape + [dim]``)."""
+        feature config's structure (each ``output_shape + [dim]``).
+
+        Args:
+          name: the op's name.
+        """
         self._require_built("dequeue")
         with self._backend.errors():
             outputs = self._backend.recv(len(self._features),
                                          self._backend.replica(self._replica_id()), name=name)
         return nest.pack_sequence_as(self._feature_config, outputs)
 
-    def apply_gradients(self, gradients, name=None):
+    def apply_gradients(self, gradients: Union[Optional[tf.Tensor], Iterable],
+                        name: Optional[str] = None):
         """Sends this replica's dL/d(activations) (structure of the feature
         config; ``None`` = zeros, with a warning) to the engine, which applies
-        every table's optimizer once all replicas have sent."""
+        every table's optimizer once all replicas have sent.
+
+        Args:
+          gradients: the gradients of the loss with respect to the
+            activations ``dequeue`` returned, in the feature config's
+            structure.
+          name: the op's name.
+        """
         self._require_built("apply_gradients")
         no_optimizer = [t.name for t in self._table_config if t.optimizer is None]
         if no_optimizer:
@@ -615,8 +700,11 @@ class TPUEmbedding(autotrackable.AutoTrackable):
             return self._backend.send(self._layout, updated, rates,
                                       self._backend.replica(self._replica_id()), name=name)
 
-    def hook_step(self, dummy_variables, recv_outputs, learning_rate_fn=None):
-        """``tf_tpu_emb.gradients.hook_step`` for this object's step: the flat
+    def hook_step(self, dummy_variables: Union[Sequence[tf.Variable], Mapping[Any, tf.Variable]],
+                  recv_outputs: Sequence[tf.Tensor],
+                  learning_rate_fn: Optional[Callable[[], Sequence[tf.Tensor]]] = None
+                  ) -> List[tf.Tensor]:
+        """:func:`tf_tpu_emb.gradients.hook_step` for this object's step: the flat
         ``dequeue()`` outputs (``recv_outputs``, layout order) wired so that
         the gradient of a loss w.r.t. ``dummy_variables`` (one ``[1]``
         variable per table, table-id order) builds this replica's one Send
@@ -642,7 +730,7 @@ class TPUEmbedding(autotrackable.AutoTrackable):
             return 0
         return tf.distribute.get_replica_context().replica_id_in_sync_group
 
-    def shutdown(self):
+    def shutdown(self) -> None:
         """Releases the engine this object configured (its tables are lost:
         save a checkpoint first) so that another TPUEmbedding can be built.
         Afterwards enqueue/dequeue/apply_gradients raise until ``build()`` (or

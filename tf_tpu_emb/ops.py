@@ -422,13 +422,14 @@ def retrieve_all_tpu_embedding_parameters(NumTables, config, num_shards, shard_i
 
 
 TableOps = collections.namedtuple("TableOps", ["info", "tensors", "load", "retrieve"])
-TableOps.__doc__ = """The per-table Load/Retrieve ops of one optimizer.
-
-info: its :class:`tf_tpu_emb.optimizer_specs.OptimizerInfo`.
-tensors: ("parameters", slot names...) -- Load's inputs, Retrieve's outputs.
-load(*tensors, num_shards, shard_id, table_id=-1, table_name="", ...): the op.
-retrieve(*, num_shards, shard_id, table_id=-1, table_name="", ...): the op.
-"""
+TableOps.__doc__ = """The per-table Load/Retrieve ops of one optimizer."""
+TableOps.info.__doc__ = "The optimizer's :class:`tf_tpu_emb.optimizer_specs.OptimizerInfo`."
+TableOps.tensors.__doc__ = """``("parameters", slot names...)``: Load's inputs, Retrieve's
+outputs."""
+TableOps.load.__doc__ = """The Load op: ``load(*tensors, num_shards, shard_id, table_id=-1,
+table_name="", ...)``."""
+TableOps.retrieve.__doc__ = """The Retrieve op: ``retrieve(*, num_shards, shard_id,
+table_id=-1, table_name="", ...)``."""
 
 
 def _make_table_ops(info):

@@ -7,7 +7,7 @@ its devices (``/job:embedding/replica:0/task:K/device:CPU:R``, one CPU device pe
 replica).  The library must be loaded before the server starts, otherwise the
 task has no kernels for the ops and every op placed there fails.
 
-usage::
+usage:
 
     python -m tf_tpu_emb.server --cluster HOST:PORT,HOST:PORT --task 0
     python -m tf_tpu_emb.server --cluster '{"embedding": ["a:2222", "b:2222"]}' --task 1 \\
@@ -18,7 +18,7 @@ comma-separated list of the embedding job's addresses.  Without ``--cluster``,
 ``--job`` or ``--task`` the values come from ``TF_CONFIG``
 (``{"cluster": {...}, "task": {"type": "embedding", "index": K}}``); flags win.
 
-When serving, the host prints one line on stdout::
+When serving, the host prints one line on stdout:
 
     tf_tpu_emb.server ready job=embedding task=K address=HOST:PORT devices=N
 

@@ -12,8 +12,8 @@ TF defines (see ``TPUEmbeddingForServing``).  Before saving, every traced
 function (and the functions it calls) is checked to contain no op of this
 library and no TPU-embedding op (:func:`assert_stock_ops`).
 
-Example::
-
+Example:
+    ```python
     from tf_tpu_emb.serving import export_serving
 
     module = export_serving(
@@ -29,6 +29,7 @@ Example::
         user_indices=..., user_values=..., user_dense_shape=..., user_weights=...,
         video_values=..., video_row_splits=...)
     loaded.lookup({"user": sparse, "video": ragged}, {"user": sparse_weights})
+    ```
 
 The serving signature takes plain tensors only (SignatureDefs cannot take
 composite tensors); its input and output names follow the one naming rule of
@@ -39,6 +40,7 @@ without saving it (for in-process scoring); :func:`export_serving` builds and
 saves.
 """
 import os
+from typing import Any, Callable, Iterable, List, Optional, Tuple, Union
 
 import tensorflow as tf
 # The path flattening TF's serving lookup itself uses to match inputs to features.
@@ -85,7 +87,11 @@ def _graph_defs(obj):
                     "SavedModel path, got %r" % (obj,))
 
 
-def find_non_stock_ops(obj):
+def find_non_stock_ops(
+        obj: Union["tf.types.experimental.ConcreteFunction",
+                   "tf.types.experimental.GenericFunction", tf.Graph, "tf.compat.v1.GraphDef",
+                   str, "os.PathLike[str]"]
+) -> List[Tuple[str, str]]:
     """Sorted ``(where, op_type)`` pairs of forbidden ops in `obj` (see `_graph_defs`).
 
     Forbidden: any op of this library (type ``TfTpuEmb>...``) and any TPU-embedding
@@ -106,7 +112,11 @@ def find_non_stock_ops(obj):
     return sorted(found)
 
 
-def assert_stock_ops(obj, what="function"):
+def assert_stock_ops(
+        obj: Union["tf.types.experimental.ConcreteFunction",
+                   "tf.types.experimental.GenericFunction", tf.Graph, "tf.compat.v1.GraphDef",
+                   str, "os.PathLike[str]"],
+        what: str = "function") -> None:
     """Raise :class:`NonStockOpError` if `obj` contains a non-stock op (see
     :func:`find_non_stock_ops`)."""
     bad = find_non_stock_ops(obj)
@@ -171,9 +181,15 @@ def _tables_by_config(embedding, fc_by_path):
 
 # ------------------------------------------------------------------ export
 
-def export_serving(path, embedding, input_signature, model_fn=None, *,
-                   weighted_features=(), feature_config=None,
-                   signature_name=DEFAULT_SIGNATURE, options=None):
+def export_serving(path: Union[str, "os.PathLike[str]"], embedding: Any,
+                   input_signature: Union[tf.TensorSpec, tf.SparseTensorSpec,
+                                          tf.RaggedTensorSpec, Iterable],
+                   model_fn: Optional[Callable[[Any], Any]] = None, *,
+                   weighted_features: Iterable[str] = (),
+                   feature_config: Optional[Union["tf.tpu.experimental.embedding.FeatureConfig",
+                                                  Iterable]] = None,
+                   signature_name: str = DEFAULT_SIGNATURE,
+                   options: Optional[tf.saved_model.SaveOptions] = None) -> tf.Module:
     """Write a SavedModel at `path` that serves `embedding` (+ `model_fn`) with stock ops.
 
     :func:`serving_module` builds the module (arguments and result there);
@@ -187,15 +203,20 @@ def export_serving(path, embedding, input_signature, model_fn=None, *,
     return module
 
 
-def serving_module(embedding, input_signature, model_fn=None, *, weighted_features=(),
-                   feature_config=None):
+def serving_module(embedding: Any,
+                   input_signature: Union[tf.TensorSpec, tf.SparseTensorSpec,
+                                          tf.RaggedTensorSpec, Iterable],
+                   model_fn: Optional[Callable[[Any], Any]] = None, *,
+                   weighted_features: Iterable[str] = (),
+                   feature_config: Optional[Union["tf.tpu.experimental.embedding.FeatureConfig",
+                                                  Iterable]] = None) -> tf.Module:
     """Builds, without saving, the stock-op module that serves `embedding` (+ `model_fn`).
 
     Args:
       embedding: an object with ``embedding_tables`` (``{TableConfig: tf.Variable
         or tensor}``, the trained parameters) and a feature config
         (``feature_config`` or, as on TF's ``TPUEmbeddingForServing``,
-        ``_feature_config``): e.g. ``tf_tpu_emb.TPUEmbedding``,
+        ``_feature_config``): e.g. :class:`tf_tpu_emb.TPUEmbedding`,
         ``tf.tpu.experimental.embedding.TPUEmbeddingForServing``, or a
         ``TPUEmbeddingV2`` (SparseCore) object, whose stacked, sharded
         tables are unstacked per table first.  The parameter

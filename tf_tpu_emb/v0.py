@@ -37,7 +37,7 @@ differences:
 * Sparse features of rank > 2 with ``max_sequence_length`` ignore it (with a
   warning, as TF's serving lookup does) instead of failing.
 
-Training with a Keras optimizer, as in TF's docstring::
+Training with a Keras optimizer, as in TF's docstring:
 
     optimizer = keras.optimizers.Adagrad(0.1)
     embedding = tf_tpu_emb.TPUEmbeddingV0(
@@ -64,10 +64,12 @@ mean/sqrtn, entries of weight <= 0, where V0 would use them; see
 :mod:`tf_tpu_emb.keras.v0_layers` for the Keras export).
 """
 import logging
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, Union
 
 import tensorflow as tf
 from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.tpu import tpu_embedding_base
+from tensorflow.python.tpu import tpu_embedding_v2_utils
 from tensorflow.python.util import nest
 
 from tf_tpu_emb.embedding_bag import embedding_bag
@@ -75,6 +77,9 @@ from tf_tpu_emb.embedding_bag import embedding_bag
 _logger = logging.getLogger(__name__)
 
 __all__ = ["TPUEmbeddingV0", "keras_slot_variable_creation_fn", "KERAS_SLOT_NAMES"]
+
+if TYPE_CHECKING:  # annotations only: this module does not import Keras
+    import keras
 
 _COMBINERS = ("mean", "sqrtn", "sum")
 
@@ -112,10 +117,13 @@ class TPUEmbeddingV0(tpu_embedding_base.TPUEmbeddingBase):
       variable_creator: optional ``fn(name, shape, initializer, trainable) ->
         variable`` that creates the tables (``trainable=True``) and slots
         (``name`` ``<table>/<slot>``, ``trainable=False``) instead of
-        ``tf.Variable`` (``TPUEmbeddingV0Layer`` makes them Keras weights).
+        ``tf.Variable`` (:class:`tf_tpu_emb.keras.TPUEmbeddingV0Layer` makes them Keras weights).
     """
 
-    def __init__(self, feature_config, optimizer=None, *, variable_creator=None):
+    def __init__(self,
+                 feature_config: Union[tpu_embedding_v2_utils.FeatureConfig, Iterable],
+                 optimizer: Optional[tpu_embedding_v2_utils._Optimizer] = None, *,
+                 variable_creator: Optional[Callable[..., tf.Variable]] = None) -> None:
         super().__init__(feature_config, optimizer)
         self._strategy = tf.distribute.get_strategy()
         self._variable_creator = variable_creator
@@ -158,7 +166,7 @@ class TPUEmbeddingV0(tpu_embedding_base.TPUEmbeddingBase):
         slots["parameters"] = parameters
         return slots
 
-    def build(self):
+    def build(self) -> None:
         """Creates the tables and slot variables (once), in the scope of the
         strategy this object was created under."""
         if self._built:
@@ -170,7 +178,7 @@ class TPUEmbeddingV0(tpu_embedding_base.TPUEmbeddingBase):
             with self._strategy.scope():
                 super().build()
 
-    def ensure_built(self):
+    def ensure_built(self) -> None:
         """Builds once, from any context: inside ``strategy.run`` for all
         replicas (``merge_call``), inside a ``tf.function`` trace outside it
         (``init_scope``), as TF's V0 does on first use."""
@@ -192,7 +200,10 @@ class TPUEmbeddingV0(tpu_embedding_base.TPUEmbeddingBase):
 
     # ----------------------------------------------------------------- lookup
 
-    def embedding_lookup(self, features, weights=None):
+    def embedding_lookup(
+            self, features: Union[tf.Tensor, tf.SparseTensor, tf.RaggedTensor, Iterable],
+            weights: Optional[Union[tf.SparseTensor, tf.RaggedTensor, Iterable]] = None
+    ) -> Union[tf.Tensor, Iterable]:
         """Looks up every feature (see the module doc for the semantics).
 
         Args:
@@ -356,7 +367,10 @@ KERAS_SLOT_NAMES = {
 """TPU embedding slot name -> the Keras 3 optimizer's name for that slot."""
 
 
-def keras_slot_variable_creation_fn(keras_optimizer, slot_names=None):
+def keras_slot_variable_creation_fn(
+        keras_optimizer: "keras.optimizers.Optimizer",
+        slot_names: Optional[Mapping[str, str]] = None
+) -> Callable[[tf.Variable, Sequence[str], Sequence[Any]], Dict[str, tf.Variable]]:
     """A ``slot_variable_creation_fn`` that makes the embedding optimizer's
     slots the Keras optimizer's own slot variables.
 
@@ -370,6 +384,15 @@ def keras_slot_variable_creation_fn(keras_optimizer, slot_names=None):
     one: the slots in ``embedding._variables`` are then the variables that
     ``keras_optimizer.apply_gradients`` updates.  Call the hook (build the
     embedding) before the Keras optimizer is built.
+
+    Args:
+      keras_optimizer: the Keras 3 optimizer that will train the tables.
+      slot_names: TPU embedding slot name -> Keras slot name, over
+        :data:`KERAS_SLOT_NAMES` (which it extends or overrides).
+
+    Returns:
+      The ``slot_variable_creation_fn(table, slot_names, slot_initializers)``
+      to pass to the embedding optimizer.
     """
     names = dict(KERAS_SLOT_NAMES, **(slot_names or {}))
     created = getattr(keras_optimizer, "_tf_tpu_emb_slots", None)

@@ -31,6 +31,7 @@ import os
 import re
 import socket
 import time
+from typing import Any, Callable, Iterable, List, Mapping, Optional, Union
 
 import tensorflow as tf
 
@@ -46,7 +47,8 @@ _NO_KERNEL_MARKERS = ("no registered kernels", "not registered", "Could not find
                       "No OpKernel was registered", "neither a type of a primitive operation")
 
 
-def seconds_setting(value, variable, default, argument):
+def seconds_setting(value: Optional[Union[float, str]], variable: str, default: float,
+                    argument: str) -> float:
     """A duration setting: `value` (the `argument`), else the environment
     `variable`, else `default`; ValueError naming its source unless a number
     of seconds > 0."""
@@ -63,7 +65,7 @@ def seconds_setting(value, variable, default, argument):
     return seconds
 
 
-def host_timeout_s(timeout_s=None):
+def host_timeout_s(timeout_s: Optional[Union[float, str]] = None) -> float:
     """The reachability timeout: the argument, else the environment variable,
     else the default.  Raises ValueError for a value that is not > 0."""
     return seconds_setting(timeout_s, TIMEOUT_ENV, DEFAULT_TIMEOUT_S, "timeout_s")
@@ -71,6 +73,10 @@ def host_timeout_s(timeout_s=None):
 
 class EmbeddingHosts:
     """The tasks of one embedding job.
+
+    Pass it as ``cluster=`` to :class:`tf_tpu_emb.TPUEmbedding` or
+    :class:`tf_tpu_emb.keras.TPUEmbeddingLayer` to shard their tables over
+    these hosts.
 
     Args:
       cluster_spec: a ``tf.train.ClusterSpec`` (or its dict) holding `job`.
@@ -82,12 +88,14 @@ class EmbeddingHosts:
         None: ``localhost:<a free port>``, right when every task runs on this
         machine; on several machines give this machine's name and a free port.
       lease_s: how long a host keeps this process's engines without a
-        heartbeat (``tf_tpu_emb.cluster.lease``): a trainer that dies frees
+        heartbeat (:mod:`tf_tpu_emb.cluster.lease`): a trainer that dies frees
         the hosts after it.  None: ``TF_TPU_EMB_HOST_LEASE_SECONDS``, else 30.
     """
 
-    def __init__(self, cluster_spec, job="embedding", replicas_per_host=None,
-                 client_address=None, lease_s=None):
+    def __init__(self, cluster_spec: Union[tf.train.ClusterSpec, Mapping[str, Any]],
+                 job: str = "embedding", replicas_per_host: Optional[int] = None,
+                 client_address: Optional[str] = None,
+                 lease_s: Optional[Union[float, str]] = None) -> None:
         if not isinstance(cluster_spec, tf.train.ClusterSpec):
             cluster_spec = tf.train.ClusterSpec(cluster_spec)
         if job not in cluster_spec.jobs:
@@ -154,18 +162,18 @@ class EmbeddingHosts:
                              % (k, self.num_hosts))
         return int(k)
 
-    def task(self, k):
+    def task(self, k: int) -> str:
         """'/job:embedding/replica:0/task:k' of host k."""
         return "/job:%s/replica:0/task:%d" % (self.job, self._index(k))
 
-    def device(self, k, replica=0):
+    def device(self, k: int, replica: int = 0) -> str:
         """The TF device of host k's `replica` (its CPU:<replica>)."""
         if not 0 <= int(replica) < self.replicas_per_host:
             raise ValueError("replica %r out of range: each host has %d replicas"
                              % (replica, self.replicas_per_host))
         return "%s/device:CPU:%d" % (self.task(k), int(replica))
 
-    def describe(self, k):
+    def describe(self, k: int) -> str:
         """'embedding host k (/job:embedding/replica:0/task:k at HOST:PORT)'."""
         return "embedding host %d (%s at %s)" % (k, self.task(k), self.addresses[self._index(k)])
 
@@ -175,7 +183,8 @@ class EmbeddingHosts:
             None, None, "%s is unreachable: %s; is the host running? %s with "
             "`--job %s --task %d`" % (self.describe(k), why, START_HINT.capitalize(), self.job, k))
 
-    def wait_reachable(self, timeout_s=None, hosts=None):
+    def wait_reachable(self, timeout_s: Optional[Union[float, str]] = None,
+                       hosts: Optional[Iterable[int]] = None) -> None:
         """Waits until every host (or those in `hosts`) accepts a TCP connection,
         at most `timeout_s` in all (see `host_timeout_s`); raises
         UnavailableError naming the first host still unreachable."""
@@ -195,7 +204,7 @@ class EmbeddingHosts:
                             k, "no connection within %.3g s (%s)" % (timeout, e)) from None
                     time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
 
-    def check(self, timeout_s=None):
+    def check(self, timeout_s: Optional[Union[float, str]] = None) -> None:
         """Raises UnavailableError naming a host that cannot be reached within
         `timeout_s`; once connected, also runs one op of ours on every host and
         raises FailedPreconditionError naming a host without tf_tpu_emb's
@@ -215,7 +224,7 @@ class EmbeddingHosts:
                 context.async_clear_error()
                 raise self.translate(e, k) from None
 
-    def connect(self, timeout_s=None):
+    def connect(self, timeout_s: Optional[Union[float, str]] = None) -> None:
         """Connects this process to the cluster (remote eager execution, this
         process as job 'localhost'; the default device stays local) after
         checking every host is reachable.  Idempotent: a second call with the
@@ -278,7 +287,7 @@ class EmbeddingHosts:
                 context._reset_context()  # pylint: disable=protected-access
             self.forget_connection()
 
-    def reconnect(self, timeout_s=None):
+    def reconnect(self, timeout_s: Optional[Union[float, str]] = None) -> None:
         """Connects again (a new remote context on every host): after a host
         was restarted its old context is gone and every op sent there fails.
         Then sends a tensor over every pair of tasks until that succeeds
@@ -338,7 +347,8 @@ class EmbeddingHosts:
             t.join(max(0.0, deadline - time.monotonic()))
         return [k for k in range(self.num_hosts) if answered[k]]
 
-    def run(self, fn, *args, timeout_s=None, **kwargs):
+    def run(self, fn: Callable[..., Any], *args: Any,
+            timeout_s: Optional[Union[float, str]] = None, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)`` (a training step that uses the hosts) under a
         deadline of `timeout_s` (see `host_timeout_s`); returns its result.
 
@@ -518,7 +528,7 @@ class EmbeddingHosts:
             raise box["error"]
         return None
 
-    def host_of(self, error):
+    def host_of(self, error: BaseException) -> Optional[int]:
         """The host an error is about, or None: the first host whose address the
         message names (gRPC names the address it failed to reach), else the
         first embedding task it names (relaying tasks name themselves too, so
@@ -532,7 +542,7 @@ class EmbeddingHosts:
             return int(m.group(1))
         return None
 
-    def unreachable(self, timeout_s=1.0):
+    def unreachable(self, timeout_s: float = 1.0) -> List[int]:
         """Indices of the hosts that refuse or do not accept a TCP connection
         within `timeout_s` each (a dead host)."""
         out = []
@@ -544,7 +554,7 @@ class EmbeddingHosts:
                 out.append(k)
         return out
 
-    def translate(self, error, k=None):
+    def translate(self, error: BaseException, k: Optional[int] = None) -> BaseException:
         """`error` (a tf.errors.OpError from an op run on host k) as an error of
         the same class whose message starts with the host and its task address.
         A host without tf_tpu_emb's kernels gives FailedPreconditionError with

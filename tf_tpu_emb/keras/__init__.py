@@ -17,8 +17,8 @@
   :mod:`tf_tpu_emb.keras.v0_layers`); importing this package registers both
   layers for ``keras.models.load_model``.
 
-Example::
-
+Example:
+    ```python
     import keras, tensorflow as tf
     import tf_tpu_emb.keras
 
@@ -39,6 +39,7 @@ Example::
     tf_tpu_emb.keras.export_serving("serving/", model)   # stock ops only
     layer.release()                # frees its engine now (not only at gc)
     loaded = keras.models.load_model("model.keras")
+    ```
 
 Importing this module imports Keras; ``import tf_tpu_emb`` alone does not.
 """

@@ -30,6 +30,7 @@ What is kept:
 """
 import inspect
 import warnings
+from typing import Any, Dict, Iterable, Mapping, Optional, Tuple, Union
 
 import keras
 import tensorflow as tf
@@ -195,7 +196,11 @@ def _deserialize_initializer(config):
 
 # --------------------------------------------------------------- feature config
 
-def serialize_feature_config(feature_config, optimizer=None, table_optimizers=None):
+def serialize_feature_config(
+        feature_config: Union[v2_utils.FeatureConfig, Iterable],
+        optimizer: Optional[v2_utils._Optimizer] = None,
+        table_optimizers: Optional[Mapping[int, Optional[v2_utils._Optimizer]]] = None
+) -> Dict[str, Any]:
     """Plain-dict form of ``feature_config`` and the global ``optimizer``.
 
     ``table_optimizers`` (internal): ``{id(table): optimizer or None}`` to use
@@ -260,7 +265,9 @@ def serialize_feature_config(feature_config, optimizer=None, table_optimizers=No
             "callables": [s for _, s in callables.items]}
 
 
-def deserialize_feature_config(config):
+def deserialize_feature_config(
+        config: Mapping[str, Any]
+) -> Tuple[Union[v2_utils.FeatureConfig, Iterable], Optional[v2_utils._Optimizer]]:
     """Inverse of :func:`serialize_feature_config`: ``(feature_config, optimizer)``."""
     if not isinstance(config, dict) or FORMAT_KEY not in config:
         raise ValueError("Not a serialized tf_tpu_emb feature config: %r" % (config,))

@@ -17,7 +17,7 @@ import tensorflow as tf
 __all__ = ["fix_distributed_fit", "install_distributed_fit_fix"]
 
 
-def fix_distributed_fit(model):
+def fix_distributed_fit(model: "keras.Model") -> "keras.Model":
     """Lets ``model.fit/evaluate/predict`` under a ``tf.distribute`` strategy
     take SparseTensor / RaggedTensor inputs (returns ``model``).
 

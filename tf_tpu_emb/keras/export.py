@@ -23,6 +23,9 @@ The exported module has the surface of :func:`tf_tpu_emb.export_serving`:
 """
 import collections
 import os
+from typing import Iterable, Optional, Union
+
+import keras
 
 import tensorflow as tf
 from tensorflow.python.util import nest as _nest
@@ -44,7 +47,7 @@ def _spec_of(kt):
     return tf.TensorSpec(shape, dtype)
 
 
-def input_signature_of(model):
+def input_signature_of(model: "keras.Model") -> Union[tf.TypeSpec, Iterable]:
     """The model's input structure as ``tf.TensorSpec`` / ``SparseTensorSpec`` /
     ``RaggedTensorSpec`` (functional models: from their ``keras.Input`` s)."""
     struct = getattr(model, "_inputs_struct", None)
@@ -54,13 +57,17 @@ def input_signature_of(model):
     return tf.nest.map_structure(_spec_of, struct)
 
 
-def export_serving(path, model, input_signature=None, *, signature_name="serving_default",
-                   options=None):
+def export_serving(path: Union[str, "os.PathLike[str]"], model: "keras.layers.Layer",
+                   input_signature: Optional[Union[tf.TensorSpec, tf.SparseTensorSpec,
+                                                   tf.RaggedTensorSpec, Iterable]] = None, *,
+                   signature_name: str = "serving_default",
+                   options: Optional[tf.saved_model.SaveOptions] = None) -> tf.Module:
     """Writes a stock-op SavedModel of `model` at `path` (see the module doc).
 
     Args:
       path: export directory.
-      model: a built Keras model (or layer) containing ``TPUEmbeddingLayer`` s.
+      model: a built Keras model (or layer) containing
+        :class:`~tf_tpu_emb.keras.TPUEmbeddingLayer` s.
       input_signature: the model's input structure of ``tf.TensorSpec`` /
         ``tf.SparseTensorSpec`` / ``tf.RaggedTensorSpec`` (rank 2, ragged_rank 1);
         default: from a functional model's ``keras.Input`` s (batch dimension
@@ -103,7 +110,10 @@ def _check(model, input_signature):
     return input_signature, emb_layers
 
 
-def serving_module(model, input_signature=None):
+def serving_module(model: "keras.layers.Layer",
+                   input_signature: Optional[Union[tf.TensorSpec, tf.SparseTensorSpec,
+                                                   tf.RaggedTensorSpec, Iterable]] = None
+                   ) -> tf.Module:
     """Builds, without saving, the stock-op module :func:`export_serving`
     writes (same attributes), e.g. to score in-process.  Its functions are
     traced once, for `input_signature`."""

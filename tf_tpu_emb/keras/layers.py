@@ -88,11 +88,14 @@ whole Keras model in which the layer is a stock-op lookup
 
 Module layout: input conversion lives in :mod:`tf_tpu_emb.keras.inputs`, the
 table mirrors in :mod:`tf_tpu_emb.keras.mirrors`; this file is the layer's
-Keras lifecycle (build, acquire/release of the engine, call, saving), which
-is one class and is kept in one file although it is a little over 600 lines.
+Keras lifecycle (build, acquire/release of the engine, call, saving).
 """
+# The layer is one class and is kept in one file although the file is a
+# little over 600 lines.
 import contextlib
 import re
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Mapping,
+                    MutableMapping, Optional, Union)
 
 import keras
 import tensorflow as tf
@@ -119,14 +122,17 @@ except ImportError:  # pragma: no cover
 
 __all__ = ["TPUEmbeddingLayer", "release_engine", "engine_owner", "stock_lookup"]
 
-def engine_owner():
+if TYPE_CHECKING:  # annotations only: the cluster package is imported on use
+    from tf_tpu_emb.cluster import hosts as hosts_lib
+
+def engine_owner() -> Optional["TPUEmbeddingLayer"]:
     """The :class:`TPUEmbeddingLayer` that most recently configured an engine
     and still holds it, or None (each layer holds an engine of its own)."""
     layers = [h for h in engine_registry.holders() if isinstance(h, TPUEmbeddingLayer)]
     return layers[-1] if layers else None
 
 
-def release_engine():
+def release_engine() -> bool:
     """Releases the engines held by every :class:`TPUEmbeddingLayer` (their
     tables are kept in their weights).  Returns True if a layer held one."""
     layers = [h for h in engine_registry.holders() if isinstance(h, TPUEmbeddingLayer)]
@@ -175,14 +181,17 @@ class TPUEmbeddingLayer(keras.layers.Layer):
         has none (``tf.tpu.experimental.embedding.SGD/Adagrad/Adam/FTRL/...`` or
         ``tf_tpu_emb.Momentum/...``).  A callable learning rate is a dynamic
         learning rate, evaluated at every training step (inside
-        ``tf.function``: make it read a variable).
-      pipeline_execution_with_tensor_core: as for ``TPUEmbedding``.
+        ``tf.function``: make it read a variable).  Also accepts its
+        serialised dict form (``get_config``).
+      pipeline_execution_with_tensor_core: as for
+        :class:`tf_tpu_emb.TPUEmbedding`: each step's
+        lookup may run before the previous step's update (it never sees it).
       batch_size: the global batch size (per replica: divided by the number of
         replicas).  Optional when the first call has a static batch dimension.
-      cluster: as for ``TPUEmbedding``: the tables are sharded over the
+      cluster: as for :class:`tf_tpu_emb.TPUEmbedding`: the tables are sharded over the
         embedding hosts of ``cluster`` (not serialised by ``get_config``: a
         loaded model runs on one engine unless given one).
-      sharding_strategy: as for ``TPUEmbedding`` (with ``cluster``).
+      sharding_strategy: as for :class:`tf_tpu_emb.TPUEmbedding` (with ``cluster``).
       **kwargs: ``keras.layers.Layer`` arguments (``name``, ``trainable``, ...).
 
     ``call(features, weights=None, training=None)`` returns the activations
@@ -192,9 +201,13 @@ class TPUEmbeddingLayer(keras.layers.Layer):
 
     _tf_tpu_emb_layer = True  # models containing it get the distributed-fit fix
 
-    def __init__(self, feature_config, optimizer=None,
-                 pipeline_execution_with_tensor_core=False, batch_size=None, *,
-                 cluster=None, sharding_strategy="DIV_DEFAULT", **kwargs):
+    def __init__(self,
+                 feature_config: Union[v2_utils.FeatureConfig, Iterable, Dict[str, Any]],
+                 optimizer: Optional[Union[v2_utils._Optimizer, Dict[str, Any]]] = None,
+                 pipeline_execution_with_tensor_core: bool = False,
+                 batch_size: Optional[int] = None, *,
+                 cluster: Optional["hosts_lib.EmbeddingHosts"] = None,
+                 sharding_strategy: str = "DIV_DEFAULT", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._cluster_options = {} if cluster is None else dict(
             cluster=cluster, sharding_strategy=sharding_strategy)
@@ -276,7 +289,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
         return mid_level.TPUEmbedding(st.feature_config, st.optimizer, self._pipeline,
                                       **self._cluster_options)
 
-    def build(self, input_shape=None):
+    def build(self, input_shape: Any = None) -> None:
         st = self._state
         st.embedding = self._new_embedding()
         st.tables = st.embedding.tables
@@ -377,7 +390,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
             st.synced_at = int(st.counter.numpy())
         return emb
 
-    def release(self):
+    def release(self) -> None:
         """Retrieves the tables into the layer's weights and shuts the engine down,
         so that another layer (or a loaded copy of this model) can run."""
         st = self._state
@@ -400,7 +413,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
     # The mirror protocol: public hooks for the table mirrors
     # (mirrors.TableVariable) and the module's helpers (stock_lookup, export).
 
-    def sync_from_engine(self, force=False):
+    def sync_from_engine(self, force: bool = False) -> None:
         """Engine -> mirrors, if a training step may have changed the tables
         (``force``: in any case).  A no-op where the engine's ops may not run
         now (not eager, inside a replica context), while the layer writes its
@@ -422,7 +435,9 @@ class TPUEmbeddingLayer(keras.layers.Layer):
                 st.syncing = False
             st.synced_at = steps
 
-    def assign_mirror(self, variable, value, assign):
+    def assign_mirror(self, variable: "mirrors_lib.TableVariable",
+                      value: "tf.types.experimental.TensorLike",
+                      assign: Callable[[Any], Any]) -> Any:
         """An assignment of `value` to `variable`, one of this layer's table
         mirrors; ``assign(value)`` is the plain assignment.  Where the
         engine's ops may run (eager, outside a replica context) and not while
@@ -436,7 +451,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
         self._load_tables([variable.table_id])
         return result
 
-    def mirror_restored(self, variable):
+    def mirror_restored(self, variable: "mirrors_lib.TableVariable") -> None:
         """A checkpoint restored `variable`, one of this layer's table mirrors:
         its table goes to the engine (where the engine's ops may run now)."""
         if mirrors_lib.eager_host_context():
@@ -461,7 +476,9 @@ class TPUEmbeddingLayer(keras.layers.Layer):
 
         return learning_rates
 
-    def call(self, features, weights=None, training=None):
+    def call(self, features: Union[tf.Tensor, tf.SparseTensor, tf.RaggedTensor, Iterable],
+             weights: Optional[Union[tf.SparseTensor, tf.RaggedTensor, Iterable]] = None,
+             training: Optional[bool] = None) -> Union[tf.Tensor, Iterable]:
         st = self._state
         structure.assert_same_structure(st.feature_config, features, "the layer's features",
                                         check_types=False)
@@ -594,7 +611,10 @@ class TPUEmbeddingLayer(keras.layers.Layer):
             out = nest.map_structure(lambda a: tf.cast(a, self.compute_dtype), out)
         return out
 
-    def compute_output_spec(self, features, weights=None, training=None):
+    def compute_output_spec(
+            self, features: Union["keras.KerasTensor", Iterable],
+            weights: Optional[Union["keras.KerasTensor", Iterable]] = None,
+            training: Optional[bool] = None) -> Union["keras.KerasTensor", Iterable]:
         st = self._state
         flat = nest.flatten_up_to(st.feature_config, features)
         out = [keras.KerasTensor(tuple(dims), dtype=self.compute_dtype)
@@ -630,7 +650,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
         })
         return config
 
-    def save_own_variables(self, store):
+    def save_own_variables(self, store: MutableMapping[str, Any]) -> None:
         st = self._state
         if not self.built:
             return
@@ -641,7 +661,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
             for name, var in mirrors:
                 store["table_%d_%s" % (tid, name)] = var.numpy()
 
-    def load_own_variables(self, store):
+    def load_own_variables(self, store: Mapping[str, Any]) -> None:
         st = self._state
         expected = (["dummy_%d" % t for t in range(len(st.dummies))] +
                     ["table_%d_%s" % (t, n) for t, m in enumerate(st.mirrors) for n, _ in m])
@@ -664,7 +684,9 @@ class TPUEmbeddingLayer(keras.layers.Layer):
 
 
 @contextlib.contextmanager
-def stock_lookup(model_or_layers):
+def stock_lookup(
+        model_or_layers: Union["keras.layers.Layer", Iterable["TPUEmbeddingLayer"]]
+) -> Iterator[List["TPUEmbeddingLayer"]]:
     """Within this context the :class:`TPUEmbeddingLayer` s of a model (or the given
     layers) look up their (engine-refreshed) weights with stock TF ops
     (``serving_embedding_lookup``) instead of the engine: what a serving export

@@ -31,10 +31,11 @@ import contextlib
 import os
 import threading
 import warnings
-from typing import Any, Optional, Union
+from typing import Any, Dict, Iterable, Optional, Union
 
 import keras
 import tensorflow as tf
+from tensorflow.python.tpu import tpu_embedding_v2_utils as v2_utils
 from tensorflow.python.util import nest
 
 from tf_tpu_emb import layout as layout_lib
@@ -93,7 +94,9 @@ class TPUEmbeddingV0Layer(keras.layers.Layer):
 
     _tf_tpu_emb_layer = True  # models containing it get the distributed-fit fix
 
-    def __init__(self, feature_config, optimizer=None, **kwargs):
+    def __init__(self, feature_config: Union[v2_utils.FeatureConfig, Iterable, Dict[str, Any]],
+                 optimizer: Optional[Union[v2_utils._Optimizer, Dict[str, Any]]] = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         distributed_fit.install_distributed_fit_fix()
         feature_config, optimizer = config_lib.layer_arguments(feature_config, optimizer)
@@ -137,7 +140,9 @@ class TPUEmbeddingV0Layer(keras.layers.Layer):
         self._embedding.ensure_built()
         self.built = True
 
-    def call(self, features, weights=None):
+    def call(self, features: Union[tf.Tensor, tf.SparseTensor, tf.RaggedTensor, Iterable],
+             weights: Optional[Union[tf.SparseTensor, tf.RaggedTensor, Iterable]] = None
+             ) -> Union[tf.Tensor, Iterable]:
         if _serving_active():
             tables = {table: variable.value if isinstance(variable, keras.Variable) else variable
                       for table, variable in self._embedding.embedding_tables.items()}
@@ -145,7 +150,10 @@ class TPUEmbeddingV0Layer(keras.layers.Layer):
                 features, weights, tables, self.feature_config)
         return self._embedding.embedding_lookup(features, weights)
 
-    def compute_output_spec(self, features, weights=None):
+    def compute_output_spec(
+            self, features: Union["keras.KerasTensor", Iterable],
+            weights: Optional[Union["keras.KerasTensor", Iterable]] = None
+    ) -> Union["keras.KerasTensor", Iterable]:
         # Keras traces symbolic calls with dense placeholders for ragged
         # inputs, so the shapes follow TPUEmbeddingV0's rules here.
         del weights
