@@ -572,8 +572,11 @@ ffi::Error GradImpl(ffi::Buffer<ffi::S32> rp, ffi::Buffer<ffi::S32> ids,
     return true;
   });
   const int64_t width = Width(tdims);
-  std::vector<int64_t> touched;
-  std::vector<float> grad;
+  // Scratch of the calling thread, kept between calls: a step allocates (and
+  // page-faults) nothing once its sizes were seen.
+  thread_local std::vector<int64_t> touched;
+  thread_local std::vector<float> grad;
+  touched.clear();
   if (ffi::Error e =
           RowGradients(rp, ids, samples, gains, num_minibatches, act_grad, shard_offset, tdims,
                        num_sc, num_devices, sources, minibatching, pool, &touched, &grad);
@@ -584,12 +587,15 @@ ffi::Error GradImpl(ffi::Buffer<ffi::S32> rp, ffi::Buffer<ffi::S32> ids,
   for (int64_t v = 0; v < nvars; ++v) {
     if (out[v] != in[v]) std::memcpy(out[v], in[v], sizeof(float) * table_elems);
   }
+  // The lambda runs on other threads too: it must not name the thread_locals.
+  const int64_t* touched_rows = touched.data();
+  const float* row_grads = grad.data();
   const int64_t n = static_cast<int64_t>(touched.size());
   const int64_t parts = PartsFor(pool, n * width * nvars / 16);
   ParallelParts(pool, parts, [&](int64_t p) {
     const int64_t lo = n * p / parts;
-    UpdateTouched(opt, hyper, scalar[0], out.data(), nvars, touched.data() + lo,
-                  n * (p + 1) / parts - lo, grad.data() + lo * width, width, clip_min, min_value,
+    UpdateTouched(opt, hyper, scalar[0], out.data(), nvars, touched_rows + lo,
+                  n * (p + 1) / parts - lo, row_grads + lo * width, width, clip_min, min_value,
                   clip_max, max_value);
   });
   return ffi::Error::Success();
@@ -621,8 +627,11 @@ ffi::Error RowGradsImpl(ffi::Buffer<ffi::S32> rp, ffi::Buffer<ffi::S32> ids,
     return Invalid("results: count is not a scalar or grads is not [" + Str(capacity) + ", " +
                    Str(width) + "]");
   }
-  std::vector<int64_t> touched;
-  std::vector<float> grad;
+  // Scratch of the calling thread, kept between calls: a step allocates (and
+  // page-faults) nothing once its sizes were seen.
+  thread_local std::vector<int64_t> touched;
+  thread_local std::vector<float> grad;
+  touched.clear();
   if (ffi::Error e =
           RowGradients(rp, ids, samples, gains, num_minibatches, act_grad, shard_offset, tdims,
                        num_sc, num_devices, sources, minibatching, pool, &touched, &grad);
