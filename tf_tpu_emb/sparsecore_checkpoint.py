@@ -91,10 +91,10 @@ def layouts_of(reader):
     return prefix, list(layouts.tables)
 
 
-def unstack_table(stacked, layout):
-    """One table's ``[vocabulary_size, dim]`` rows out of a stacked, sharded
-    variable's value (numpy), by the rule of the module doc."""
-    stacked = np.asarray(stacked)
+def _shards(stacked, layout):
+    """(the stacked value as [SparseCores, rows a shard, width] -- a view --,
+    the table's first row in each shard, its rows in each shard), checked
+    against the layout."""
     n = layout.num_sparse_cores
     if stacked.ndim != 2 or stacked.shape[0] % n:
         raise ValueError("Stacked table %r of shape %s does not split into %d SparseCore "
@@ -108,9 +108,17 @@ def unstack_table(stacked, layout):
                                                          start + per_shard,
                                                          layout.stacked_table_name,
                                                          shards.shape[1]))
+    return shards, start, per_shard
+
+
+def unstack_table(stacked, layout):
+    """One table's ``[vocabulary_size, dim]`` rows out of a stacked, sharded
+    variable's value (numpy), by the rule of the module doc."""
+    shards, start, per_shard = _shards(np.asarray(stacked), layout)
     part = shards[:, start:start + per_shard, :]
     part = np.roll(part, -layout.sparse_core_shard_rotation, axis=0)
-    table = part.transpose(1, 0, 2).reshape(per_shard * n, stacked.shape[1])
+    table = part.transpose(1, 0, 2).reshape(per_shard * layout.num_sparse_cores,
+                                            shards.shape[2])
     rows, cols = layout.unsharded_shape
     return table[:rows, :cols]
 
@@ -126,19 +134,11 @@ def stack_table(stacked, table, layout):
     if table.shape != (rows, cols):
         raise ValueError("Table %r: values of shape %s, the layout's table is %s"
                          % (layout.table_name, table.shape, (rows, cols)))
+    if stacked.ndim == 2 and stacked.shape[1] < cols:
+        raise ValueError("Stacked table %r of shape %s has fewer than the table's %d columns"
+                         % (layout.stacked_table_name, stacked.shape, cols))
+    shards, start, per_shard = _shards(stacked, layout)
     n = layout.num_sparse_cores
-    if stacked.ndim != 2 or stacked.shape[0] % n or stacked.shape[1] < cols:
-        raise ValueError("Stacked table %r of shape %s does not hold %d SparseCore shards of "
-                         "%d columns" % (layout.stacked_table_name, stacked.shape, n, cols))
-    per_shard = layout.unsharded_padded_shape[0] // n
-    start = layout.sparse_core_shard_row_offset
-    shards = stacked.reshape(n, stacked.shape[0] // n, stacked.shape[1])
-    if start + per_shard > shards.shape[1]:
-        raise ValueError("Table %r: rows [%d, %d) of each shard are outside the stacked "
-                         "table %r (%d rows a shard)" % (layout.table_name, start,
-                                                         start + per_shard,
-                                                         layout.stacked_table_name,
-                                                         shards.shape[1]))
     # The table's part as unstack_table reads it, with the new rows in it.
     part = np.roll(shards[:, start:start + per_shard, :], -layout.sparse_core_shard_rotation,
                    axis=0)

@@ -46,6 +46,17 @@ def layouts_width(layouts, stack):
                 if layout.stacked_table_name == stack)
 
 
+def _tfs_unstack(stacked, layout):
+    """A table's rows out of a stacked value by TF's own functions."""
+    return v3_utils.remove_padding_from_sc(
+        v3_utils.unshuffle_from_sc_to_cpu(
+            tf.constant(stacked), num_sparse_cores=layout.num_sparse_cores,
+            offset_in_shard=layout.sparse_core_shard_row_offset,
+            size_in_shard=layout.unsharded_padded_shape[0] // layout.num_sparse_cores,
+            shard_rotation=layout.sparse_core_shard_rotation),
+        tuple(layout.unsharded_shape)).numpy()
+
+
 @pytest.mark.parametrize("num_partitions,num_sc,stacking", [(1, 4, True), (2, 4, True),
                                                             (8, 4, True), (2, 4, False)])
 def test_unstack_matches_tfs_unshuffle(num_partitions, num_sc, stacking):
@@ -57,13 +68,7 @@ def test_unstack_matches_tfs_unshuffle(num_partitions, num_sc, stacking):
         for layout in layouts.values():
             if layout.stacked_table_name != stack:
                 continue
-            want = v3_utils.remove_padding_from_sc(
-                v3_utils.unshuffle_from_sc_to_cpu(
-                    tf.constant(stacked), num_sparse_cores=layout.num_sparse_cores,
-                    offset_in_shard=layout.sparse_core_shard_row_offset,
-                    size_in_shard=layout.unsharded_padded_shape[0] // layout.num_sparse_cores,
-                    shard_rotation=layout.sparse_core_shard_rotation),
-                tuple(layout.unsharded_shape)).numpy()
+            want = _tfs_unstack(stacked, layout)
             got = scc.unstack_table(stacked, layout)
             assert got.shape == tuple(layout.unsharded_shape)
             np.testing.assert_array_equal(got, want)
@@ -89,13 +94,7 @@ def test_stack_table_writes_what_tfs_unshuffle_reads(num_partitions, num_sc, sta
                 continue
             table = rng.normal(size=tuple(layout.unsharded_shape)).astype(np.float32)
             stacked = scc.stack_table(stacked, table, layout)
-            got = v3_utils.remove_padding_from_sc(
-                v3_utils.unshuffle_from_sc_to_cpu(
-                    tf.constant(stacked), num_sparse_cores=layout.num_sparse_cores,
-                    offset_in_shard=layout.sparse_core_shard_row_offset,
-                    size_in_shard=layout.unsharded_padded_shape[0] // layout.num_sparse_cores,
-                    shard_rotation=layout.sparse_core_shard_rotation),
-                tuple(layout.unsharded_shape)).numpy()
+            got = _tfs_unstack(stacked, layout)
             np.testing.assert_array_equal(got, table)
             marks = scc.stack_table(np.zeros_like(stacked),
                                     np.ones(tuple(layout.unsharded_shape), np.float32), layout)
