@@ -151,15 +151,24 @@ SAN_ENV    = LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-
              PYTHONPATH=$(SAN_TREE) TF_TPU_EMB_FUZZ_TIMEOUT=120
 # The sanitizer lane runs what C++ runs under: the engine, op, C++ unit,
 # fuzz and cluster tests, the `slow` soak/stress ones among them included.
-# Not here (the default lane runs them): the cluster benchmark's and the
-# worker example's end-to-end runs, programs around the same host and engine
-# code the cluster tests drive (minutes each under the sanitizers).
+# Every test of the engine, C++ unit, fuzz (whose families reach the config,
+# the inputs and the SparseCore preprocessing) and lifecycle folders; of
+# SAN_SLOW_ONLY's, the `slow` ones only (soak and stress: the default lane
+# runs the rest unsanitized) -- CI's time budget: the whole of them took
+# ~30 min under the sanitizers on 2 cores.  Not here either (the default lane
+# runs them): the cluster benchmark's and the worker example's end-to-end
+# runs, programs around the host and engine code the cluster tests drive.
 SAN_TESTS  ?= tests/engine tests/ops tests/sparsecore tests/cpp tests/fuzz tests/cluster tests/api/test_lifecycle_stress.py
+SAN_SLOW_ONLY ?= tests/ops tests/sparsecore tests/cluster
 SAN_SKIP   ?= --ignore=tests/cluster/test_bench_cluster.py --ignore=tests/cluster/test_worker_example.py
-SAN_PYTEST ?= -q -x -p no:cacheprovider $(XDIST) $(DURATIONS) -m "not clients" $(SAN_SKIP) $(SAN_TESTS)
+SAN_OPTS   ?= -q -x -p no:cacheprovider $(XDIST) $(DURATIONS) $(SAN_SKIP)
+SAN_PYTEST  = $(CURDIR)/$(VENV)/bin/pytest $(SAN_OPTS)
 sanitize: venv
 	$(call build_in_copy,$(SAN_TREE),TF_TPU_EMB_SANITIZE=1 $(CURDIR)/$(PY))
-	cd $(SAN_TREE) && $(SAN_ENV) $(CURDIR)/$(VENV)/bin/pytest $(SAN_PYTEST) $(PYTEST_ARGS)
+	cd $(SAN_TREE) && $(SAN_ENV) $(SAN_PYTEST) -m "not clients" \
+	  $(filter-out $(SAN_SLOW_ONLY),$(SAN_TESTS)) $(PYTEST_ARGS)
+	cd $(SAN_TREE) && $(SAN_ENV) $(SAN_PYTEST) -m "slow and not clients" \
+	  $(filter $(SAN_SLOW_ONLY),$(SAN_TESTS)) $(PYTEST_ARGS)
 # ----------------------------------------------------------------------------
 
 # ----------------------------------------------------------------------------
