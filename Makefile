@@ -37,6 +37,11 @@ endef
 SRCS    = $(wildcard ops/*.cc engine/*.cc kernels/*.cc kernels/sparsecore/*.cc core/*.h engine/*.h \
             kernels/*.h kernels/sparsecore/*.h ops/*.h) setup.py
 PYTEST_ARGS ?=
+# ccache (setup.py uses it when present): paths under this folder hashed
+# relative to the tree compiled, so the lanes' copies of the tree (sanitizer,
+# old TF, the package check's unpacked sdist) and later clones elsewhere hit
+# what was compiled before instead of compiling every file again.
+export CCACHE_BASEDIR ?= $(CURDIR)
 # Executing the quickstart notebook in a Jupyter kernel of this venv's Python
 # (tools/run_notebook.py: `make quickstart` and tests/demo/test_quickstart_notebook.py).
 NOTEBOOK_REQ = nbclient==0.11.0 ipykernel==7.4.0
@@ -81,8 +86,14 @@ PYTEST_JOBS  ?= 2
 XDIST         = -n $(PYTEST_JOBS) --dist loadfile
 DURATIONS     = --durations=15
 DEFAULT_LANE  = not slow and not clients
+# Files the default lane leaves to the sanitizer lane, which runs them whole
+# under ASan+UBSan (the fuzz quick profile: 90 s of the default lane's time,
+# and where a crash or an overflow is what it looks for, the sanitized build
+# is the one that finds it).
+DEFAULT_IGNORE = --ignore=tests/fuzz/test_fuzz_quick.py
 test: build
-	cd $(CURDIR) && $(VENV)/bin/pytest -q $(XDIST) $(DURATIONS) -m "$(DEFAULT_LANE)" $(PYTEST_ARGS)
+	cd $(CURDIR) && $(VENV)/bin/pytest -q $(XDIST) $(DURATIONS) -m "$(DEFAULT_LANE)" $(DEFAULT_IGNORE) \
+	  $(PYTEST_ARGS)
 
 test-quick: build
 	cd $(CURDIR) && $(VENV)/bin/pytest -q $(XDIST) -m "not slow and not system and not clients" \
@@ -273,14 +284,18 @@ release-check: tools-venv
 # where the venv is absent) but the `slow` ones: each client's TPU path on the
 # engine against the numpy optimizer reference, and equal to the same program
 # under MirroredStrategy with the same replicas (1 and 2; 4 and 8 in
-# `make test-clients-all`), Model Garden's own train_test.py TPU cases and its
-# train.py DLRM-DCN-v2 under the runner at 2 replicas (8: test-clients-all).
+# `make test-clients-all`; Keras-RS's SparseCore matrix at 1 replica: two
+# cells, the rest there), four of Model Garden's own train_test.py TPU cases
+# (all 12: test-clients-all) and its train.py DLRM-DCN-v2 under the runner at
+# 2 replicas (8: test-clients-all).
 CLIENTS_VENV ?= .venv-clients
 CLIENTS_REQ   = tensorflow-recommenders==0.7.7 tf-keras==$(TF_VERSION) keras-rs==0.4.0 \
                 tf-models-official==2.20.0
 CLIENTS_DEPS  = pyyaml==6.0.4 gin-config==0.5.0 tensorflow-datasets==4.9.10 \
                 tensorboard==$(TF_VERSION)
-CLIENTS_PYTEST ?= -q -p no:cacheprovider $(DURATIONS)
+# Two workers, a test each (--dist load: the Model Garden file alone is
+# ~7 min of one core; its module fixture then runs once a worker).
+CLIENTS_PYTEST ?= -q -p no:cacheprovider -n $(PYTEST_JOBS) --dist load $(DURATIONS)
 $(CLIENTS_VENV)/.deps: Makefile tools/clients_check.py $(VENV)/.deps
 	$(call venv_sharing_tf,$(CLIENTS_VENV))
 	$(CLIENTS_VENV)/bin/python -m pip install -q --no-deps $(CLIENTS_REQ)

@@ -8,7 +8,9 @@ exact TensorFlow that will load it, so build with
 The compiler flags come from ``tf.sysconfig`` (never hard-coded), TensorFlow's
 headers are passed as ``-isystem`` and the link uses ``-Wl,--no-undefined`` so an
 ABI mistake fails at link time instead of at ``tf.load_op_library`` time.
-ccache is used when it is on PATH.
+ccache is used when it is on PATH, with its base directory (CCACHE_BASEDIR,
+unless set) this tree, so that copies of the tree built elsewhere -- the
+lanes' copies, an unpacked sdist -- hit what another copy compiled.
 """
 import concurrent.futures
 import glob
@@ -155,7 +157,9 @@ def _up_to_date(obj):
         return False
     files = text.split(":", 1)[1].split() if ":" in text else []
     try:
-        return bool(files) and all(os.path.getmtime(f) <= built for f in files)
+        # Relative paths (ccache's base directory rewrites them) are this tree's.
+        return bool(files) and all(os.path.getmtime(os.path.join(HERE, f)) <= built
+                                   for f in files)
     except OSError:  # a header went away
         return False
 
@@ -187,6 +191,12 @@ def compile_objects(sources, cxx, common, what):
          % (what, len(stale), len(sources), jobs, ", ccache on" if "ccache" in cxx[0] else ""))
     done = []
     lock = threading.Lock()
+    # ccache: absolute paths under the base directory are hashed relative to
+    # the compiler's working directory, this tree; no working directory in
+    # the hash of -g objects (the sanitizer build).
+    env = dict(os.environ)
+    env.setdefault("CCACHE_BASEDIR", HERE)
+    env.setdefault("CCACHE_NOHASHDIR", "true")
 
     def compile_one(src):
         obj = object_of(src, cxx, common)
@@ -195,7 +205,7 @@ def compile_objects(sources, cxx, common, what):
         if verbose:
             _say(" ".join(cmd))
         t0 = time.monotonic()
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE, env=env)
         if proc.stdout or proc.stderr:
             _say(proc.stdout + proc.stderr)
         if proc.returncode != 0:

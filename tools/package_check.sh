@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make package-check`: the pip package as a user gets it.
 #   1. sdist (python -m build --sdist --no-isolation) from the git tree;
-#   2. a wheel built by pip from that sdist (what `pip install <sdist>` runs:
+#   2. a wheel built by pip from that sdist, unpacked (what `pip install <sdist>` runs:
 #      --no-build-isolation, so it compiles against the TensorFlow installed);
 #   3. that wheel repaired to a manylinux tag as `make wheel` repairs its own
 #      (tools/wheel.sh: TensorFlow's libraries excluded, nothing grafted);
@@ -35,7 +35,13 @@ done
 if grep -E '\.so$|_build_info\.py$' "$OUT/sdist.files"; then echo "sdist carries build outputs"; exit 1; fi
 
 echo "== wheel from the sdist"
-"$PY" -m pip wheel -q --no-build-isolation --no-deps -w "$OUT/dist" "$SDIST" >"$OUT/wheel.log" 2>&1 ||
+# Unpacked as pip unpacks it, but into a folder of the tree's (pip builds a
+# local folder in place): ccache's base directory (the Makefile's
+# CCACHE_BASEDIR) then covers it, and a compile another copy of the tree
+# made is a cache hit, not 24 files compiled again.
+mkdir -p "$OUT/src"
+tar -xzf "$SDIST" -C "$OUT/src" --strip-components=1
+"$PY" -m pip wheel -q --no-build-isolation --no-deps -w "$OUT/dist" "$OUT/src" >"$OUT/wheel.log" 2>&1 ||
   { tail -40 "$OUT/wheel.log"; exit 1; }
 WHEEL="$(ls "$OUT"/dist/tf_tpu_emb-*.whl)"
 
