@@ -37,6 +37,18 @@ def test_slow_tests_run_in_the_sanitizer_lane():
             if not _covered(f, san) and f not in _files_marked("clients")] == []
 
 
+def test_files_the_default_lane_leaves_out_run_in_the_sanitizer_lane():
+    """DEFAULT_IGNORE's files run whole in the sanitizer lane: under
+    SAN_TESTS, and not in a folder of which it runs only the `slow` tests."""
+    ignored = [a.split("=", 1)[1] for a in _make_var("DEFAULT_IGNORE")]
+    assert ignored and all(a.startswith("--ignore=") for a in _make_var("DEFAULT_IGNORE"))
+    san, slow_only = _make_var("SAN_TESTS"), _make_var("SAN_SLOW_ONLY")
+    assert [f for f in ignored if not (ROOT / f).exists() or not _covered(f, san)
+            or _covered(f, slow_only)] == []
+    assert re.search(r'^test: build\n.*-m "\$\(DEFAULT_LANE\)" \$\(DEFAULT_IGNORE\)', MAKEFILE,
+                     re.M)
+
+
 def test_client_tests_run_in_the_client_lane():
     assert [f for f in _files_marked("clients") if not f.startswith("tests/clients/")] == []
     assert re.search(r'^test-clients:.*\n.*-m "clients and not slow" tests/clients', MAKEFILE,
