@@ -24,7 +24,8 @@ with one JSON command per line on stdin; each answer is one JSON line:
                                                  initial tables, the logical
                                                  tables and accumulators written
                                                  to path (.npz, t<k>/p, t<k>/a)
-  {"cmd": "time", "n": N}                     -> {"times": [seconds per step]}
+  {"cmd": "time", "n": N}                     -> {"times": [seconds per step],
+                                                 "preprocessing": [seconds of it]}
 """
 import functools
 import json
@@ -150,8 +151,13 @@ class JaxSide:
         return (out, stats) if with_stats else out
 
     def step(self, b):
-        loss, self.variables = self.step_fn(self.preprocess(b), self.variables, self.c)
+        """One step; returns the seconds its preprocessing took."""
+        t0 = time.perf_counter()
+        inputs = self.preprocess(b)
+        prep = time.perf_counter() - t0
+        loss, self.variables = self.step_fn(inputs, self.variables, self.c)
         loss.block_until_ready()
+        return prep
 
     def step_tables(self, b, out):
         self.variables = self.initial()
@@ -188,13 +194,13 @@ def main():
                 side.step_tables(cmd["batch"], cmd["out"])
                 answer({"ok": True})
             elif cmd["cmd"] == "time":
-                times = []
+                times, prep = [], []
                 for _ in range(cmd["n"]):
                     t0 = time.perf_counter()
-                    side.step(side.i % len(side.batches))
+                    prep.append(side.step(side.i % len(side.batches)))
                     times.append(time.perf_counter() - t0)
                     side.i += 1
-                answer({"times": times})
+                answer({"times": times, "preprocessing": prep})
             else:
                 answer({"error": "unknown command %r" % cmd["cmd"]})
         except Exception as e:  # reported to the parent, which stops
