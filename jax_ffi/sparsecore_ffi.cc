@@ -9,6 +9,7 @@
 // Every handler checks its buffers before it reads them and answers bad
 // input with InvalidArgument naming the argument and index; none reads or
 // writes out of bounds.
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "core/cpu_dispatch.h"
+#include "core/row_runs.h"
 #include "core/sparsecore.h"
 #include "core/sparsecore_optimizers.gen.h"
 #include "xla/ffi/api/ffi.h"
@@ -268,12 +270,33 @@ void SumGradients(const Id* ids, const int64_t* slot, int64_t n, const float* ac
   }
 }
 
+// One row's update by the optimizer (core/sparsecore_optimizers.gen.h's
+// JaxUpdate: core/optimizer_formulas.h), then the clipping to
+// [min_value, max_value] where given; inlined into each clone.
+struct ClippedUpdate {
+  sc_opt::Opt opt;
+  const sc_opt::Hyper& hyper;
+  float lr;
+  bool clip_min;
+  float min_value;
+  bool clip_max;
+  float max_value;
+  TF_TPU_EMB_INLINE_INTO_CLONES void operator()(RowArgs& a) const {
+    a.lr = lr;
+    sc_opt::JaxUpdate(opt, a, hyper);
+    float* row = a.w;
+    for (int d = 0; d < a.dim; ++d) {
+      if (clip_min && row[d] < min_value) row[d] = min_value;
+      if (clip_max && row[d] > max_value) row[d] = max_value;
+    }
+  }
+};
+
 // The optimizer on rows touched[0, n) of the table w[0] and its slots
-// w[1..nvars), row k's gradient at grad + k * width, then the clipping.
+// w[1..nvars), row k's gradient at grad + k * width.
 TF_TPU_EMB_CPU_DISPATCH
-void UpdateTouched(sc_opt::Opt opt, const sc_opt::Hyper& hyper, float lr, float* const* w,
-                   int64_t nvars, const int64_t* touched, int64_t n, const float* grad,
-                   int64_t width, bool clip_min, float min_value, bool clip_max, float max_value) {
+void UpdateTouched(const ClippedUpdate& update, float* const* w, int64_t nvars,
+                   const int64_t* touched, int64_t n, const float* grad, int64_t width) {
   for (int64_t k = 0; k < n; ++k) {
     if (k + kAhead / 4 < n) {
       const int64_t ahead = touched[k + kAhead / 4] * width;
@@ -287,14 +310,30 @@ void UpdateTouched(sc_opt::Opt opt, const sc_opt::Hyper& hyper, float lr, float*
     for (int64_t v = 1; v < nvars; ++v) a.s[v - 1] = w[v] + off;
     a.g = grad + k * width;
     a.dim = static_cast<int>(width);
-    a.lr = lr;
-    sc_opt::JaxUpdate(opt, a, hyper);
-    float* row = a.w;
-    for (int64_t d = 0; d < width; ++d) {
-      if (clip_min && row[d] < min_value) row[d] = min_value;
-      if (clip_max && row[d] > max_value) row[d] = max_value;
-    }
+    update(a);
   }
+}
+
+// core/row_runs.h's view of an Id: keyed by its row of the table operand
+// (the preprocessing sorts a segment's ids by row and a group's segments go
+// in ascending shard: one run a group); the gradient row is its
+// activation row.
+struct OwnIds {
+  static int64_t Key(const Id& a) { return a.row; }
+  static int64_t Row(const Id& a) { return a.row; }
+  static int64_t GradRow(const Id& a) { return a.act_row; }
+  static float Gain(const Id& a) { return a.gain; }
+};
+using IdRun = row_runs::Run<Id>;
+
+// Rows [lo, hi) of the table operand: each row's gradient summed in buffer
+// order over the runs and updated in the same pass (core/row_runs.h).
+TF_TPU_EMB_CPU_DISPATCH
+void SumAndUpdateRows(const ClippedUpdate& update, float* const* w, int64_t nvars,
+                      const IdRun* runs, int num_runs, int64_t lo, int64_t hi, int64_t width,
+                      float* sum) {
+  row_runs::SumAndUpdateRuns<OwnIds>(runs, num_runs, lo, hi, w, static_cast<int>(nvars - 1), width,
+                                     sum, update);
 }
 
 ffi::Error CheckCommon(const ffi::Buffer<ffi::S32>& rp, const ffi::Buffer<ffi::S32>& ids,
@@ -385,22 +424,19 @@ ffi::Error LookupImpl(ffi::Buffer<ffi::S32> rp, ffi::Buffer<ffi::S32> ids,
   return walked;
 }
 
-// The gradient of each row of this device's table operand that has an id:
-// the sum of gain * activations_grad[sample] over its ids from every device
-// and SparseCore, in buffer order (`touched`: the rows in order of their
-// first id; `grad`: their gradients, `width` floats each).  This device's
-// table operand (shape `tdims`) holds the shards of global SparseCores
-// [shard_offset, shard_offset + num_sc); ids of other shards are checked and
-// skipped.  Shared by the built-in optimizers' handler and the custom
-// optimizer's.
-ffi::Error RowGradients(const ffi::Buffer<ffi::S32>& rp, const ffi::Buffer<ffi::S32>& ids,
-                        const ffi::Buffer<ffi::S32>& samples, const ffi::Buffer<ffi::F32>& gains,
-                        const ffi::Buffer<ffi::S32>& num_minibatches,
-                        const ffi::Buffer<ffi::F32>& act_grad,
-                        const ffi::Buffer<ffi::S32>& shard_offset, ffi::Span<const int64_t> tdims,
-                        int64_t num_sc, int64_t num_devices, int64_t sources, bool minibatching,
-                        ffi::ThreadPool* pool, std::vector<int64_t>* touched,
-                        std::vector<float>* grad) {
+// The gradient handlers' ids: every id of every device's buffers checked,
+// and those of this device's table operand listed in buffer order (`found`,
+// `row` in the operand).  The operand (shape `tdims`) holds the shards of
+// global SparseCores [shard_offset, shard_offset + num_sc); ids of other
+// shards are checked and skipped.  Shared by the built-in optimizers'
+// handler and the custom optimizer's.
+ffi::Error ListOwnIds(const ffi::Buffer<ffi::S32>& rp, const ffi::Buffer<ffi::S32>& ids,
+                      const ffi::Buffer<ffi::S32>& samples, const ffi::Buffer<ffi::F32>& gains,
+                      const ffi::Buffer<ffi::S32>& num_minibatches,
+                      const ffi::Buffer<ffi::F32>& act_grad,
+                      const ffi::Buffer<ffi::S32>& shard_offset, ffi::Span<const int64_t> tdims,
+                      int64_t num_sc, int64_t num_devices, int64_t sources, bool minibatching,
+                      std::vector<Id>* found) {
   if (sources <= 0 || sources > kMaxCount) {
     return Invalid("sources: " + Str(sources) + " is not in [1, " + Str(kMaxCount) + "]");
   }
@@ -444,29 +480,36 @@ ffi::Error RowGradients(const ffi::Buffer<ffi::S32>& rp, const ffi::Buffer<ffi::
                first,
                num_sc,
                minibatching ? num_minibatches.typed_data() : nullptr};
+  found->clear();
+  return walk.Walk([&](const Id& id) {
+    if (id.row >= 0) found->push_back(id);
+  });
+}
 
-  // Sum each touched row's gradient in buffer order; rows in first-touch
-  // order.  Row -> slot: a table of the thread's, kept between calls and
-  // reset only where this call wrote.
-  const int64_t rows = tdims[0];
+// The gradient of each row of this device's table operand that has an id
+// (`found`, from ListOwnIds): the sum of gain * activations_grad[sample]
+// over its ids from every device and SparseCore, in buffer order
+// (`touched`: the rows in order of their first id; `grad`: their gradients,
+// `width` floats each).  The custom optimizer's handler, and the built-in
+// optimizers' where the ids are not in a few sorted runs.
+void RowGradients(const std::vector<Id>& found, int64_t rows, int64_t width, const float* act_grad,
+                  ffi::ThreadPool* pool, std::vector<int64_t>* touched, std::vector<float>* grad) {
+  // Row -> slot: a table of the thread's, kept between calls and reset only
+  // where this call wrote.
   thread_local std::vector<int64_t> slot_of;
-  thread_local std::vector<Id> found;
   thread_local std::vector<int64_t> slot;
   if (static_cast<int64_t>(slot_of.size()) < rows) slot_of.assign(rows, -1);
-  found.clear();
   slot.clear();
-  ffi::Error walked = walk.Walk([&](const Id& id) {
-    if (id.row < 0) return;
+  touched->clear();
+  for (const Id& id : found) {
     int64_t& k = slot_of[id.row];
     if (k < 0) {
       k = static_cast<int64_t>(touched->size());
       touched->push_back(id.row);
     }
-    found.push_back(id);
     slot.push_back(k);
-  });
+  }
   for (int64_t row : *touched) slot_of[row] = -1;
-  if (walked.failure()) return walked;
   grad->assign(touched->size() * width, 0.0f);
   // The lambda runs on other threads too: it must not name the thread_locals.
   const Id* id_list = found.data();
@@ -475,11 +518,10 @@ ffi::Error RowGradients(const ffi::Buffer<ffi::S32>& rp, const ffi::Buffer<ffi::
   const int64_t slots = static_cast<int64_t>(touched->size());
   const int64_t parts = PartsFor(pool, n * width / 16);
   float* sums = grad->data();
-  const float* g = act_grad.typed_data();
   ParallelParts(pool, parts, [&](int64_t p) {
-    SumGradients(id_list, slot_list, n, g, width, sums, slots * p / parts, slots * (p + 1) / parts);
+    SumGradients(id_list, slot_list, n, act_grad, width, sums, slots * p / parts,
+                 slots * (p + 1) / parts);
   });
-  return walked;
 }
 
 // The gradient and update (sparse_dense_matmul_grad_with_<optimizer>): the
@@ -574,29 +616,48 @@ ffi::Error GradImpl(ffi::Buffer<ffi::S32> rp, ffi::Buffer<ffi::S32> ids,
   const int64_t width = Width(tdims);
   // Scratch of the calling thread, kept between calls: a step allocates (and
   // page-faults) nothing once its sizes were seen.
+  thread_local std::vector<Id> found;
+  thread_local std::vector<IdRun> runs;
   thread_local std::vector<int64_t> touched;
   thread_local std::vector<float> grad;
-  touched.clear();
-  if (ffi::Error e =
-          RowGradients(rp, ids, samples, gains, num_minibatches, act_grad, shard_offset, tdims,
-                       num_sc, num_devices, sources, minibatching, pool, &touched, &grad);
+  if (ffi::Error e = ListOwnIds(rp, ids, samples, gains, num_minibatches, act_grad, shard_offset,
+                                tdims, num_sc, num_devices, sources, minibatching, &found);
       e.failure()) {
     return e;
   }
-
   for (int64_t v = 0; v < nvars; ++v) {
     if (out[v] != in[v]) std::memcpy(out[v], in[v], sizeof(float) * table_elems);
   }
-  // The lambda runs on other threads too: it must not name the thread_locals.
+  const ClippedUpdate update{opt, hyper, scalar[0], clip_min, min_value, clip_max, max_value};
+  // The lambdas run on other threads too: they must not name the thread_locals.
+  const int64_t n_ids = static_cast<int64_t>(found.size());
+  runs.clear();
+  if (row_runs::AppendRuns<OwnIds>(found.data(), n_ids, act_grad.typed_data(), &runs)) {
+    // The preprocessing's sorted buffers: one pass a row range, a few more
+    // ranges than threads, balanced by ids (core/row_runs.h).
+    const int64_t threads = PartsFor(pool, n_ids * width / 16);
+    const int64_t ranges = threads == 1 ? 1 : 4 * threads;
+    const std::vector<int64_t> cuts = row_runs::BalancedCuts<OwnIds>(runs, 0, tdims[0], ranges);
+    const IdRun* run_list = runs.data();
+    const int num_runs = static_cast<int>(runs.size());
+    ParallelParts(pool, threads, [&](int64_t p) {
+      std::vector<float> sum(width);
+      for (int64_t r = ranges * p / threads; r < ranges * (p + 1) / threads; ++r) {
+        SumAndUpdateRows(update, out.data(), nvars, run_list, num_runs, cuts[r], cuts[r + 1], width,
+                         sum.data());
+      }
+    });
+    return ffi::Error::Success();
+  }
+  RowGradients(found, tdims[0], width, act_grad.typed_data(), pool, &touched, &grad);
   const int64_t* touched_rows = touched.data();
   const float* row_grads = grad.data();
   const int64_t n = static_cast<int64_t>(touched.size());
   const int64_t parts = PartsFor(pool, n * width * nvars / 16);
   ParallelParts(pool, parts, [&](int64_t p) {
     const int64_t lo = n * p / parts;
-    UpdateTouched(opt, hyper, scalar[0], out.data(), nvars, touched_rows + lo,
-                  n * (p + 1) / parts - lo, row_grads + lo * width, width, clip_min, min_value,
-                  clip_max, max_value);
+    UpdateTouched(update, out.data(), nvars, touched_rows + lo, n * (p + 1) / parts - lo,
+                  row_grads + lo * width, width);
   });
   return ffi::Error::Success();
 }
@@ -629,15 +690,15 @@ ffi::Error RowGradsImpl(ffi::Buffer<ffi::S32> rp, ffi::Buffer<ffi::S32> ids,
   }
   // Scratch of the calling thread, kept between calls: a step allocates (and
   // page-faults) nothing once its sizes were seen.
+  thread_local std::vector<Id> found;
   thread_local std::vector<int64_t> touched;
   thread_local std::vector<float> grad;
-  touched.clear();
-  if (ffi::Error e =
-          RowGradients(rp, ids, samples, gains, num_minibatches, act_grad, shard_offset, tdims,
-                       num_sc, num_devices, sources, minibatching, pool, &touched, &grad);
+  if (ffi::Error e = ListOwnIds(rp, ids, samples, gains, num_minibatches, act_grad, shard_offset,
+                                tdims, num_sc, num_devices, sources, minibatching, &found);
       e.failure()) {
     return e;
   }
+  RowGradients(found, tdims[0], width, act_grad.typed_data(), pool, &touched, &grad);
   const int64_t n = static_cast<int64_t>(touched.size());
   if (n > capacity) {
     return Invalid("results: " + Str(n) + " touched rows do not fit the capacity of " +

@@ -18,7 +18,39 @@ LR = 0.05
 CASES = [(1, 2), (1, 4), (2, 2), (4, 2), (2, 4), (8, 2)]
 
 
-def _steps(prog, optimizer, rng, steps, combiner, init_acc=None):
+def _reorder_segments(prog, inputs, how):
+  """The CSR buffers with each segment's ids reordered (no minibatching):
+  "reverse" (rows descending: a run an id, past the sorted-run walk's limit,
+  so the handler takes its general path) or "swap" (each segment's first
+  two ids swapped: a few more runs, still the sorted-run walk).  A row's
+  ids stay in their segment, so the gradient is the same sum."""
+  rp = np.asarray(inputs.lhs_row_pointers[prog.stack])
+  arrays = [np.array(getattr(inputs, f)[prog.stack])
+            for f in ("lhs_embedding_ids", "lhs_sample_ids", "lhs_gains")]
+  parts = prog.devices * prog.num_sc
+  group, slice_ = len(rp) // parts, len(arrays[0]) // parts
+  for part in range(parts):
+    prev = 0
+    for j in range(group):
+      end = int(rp[part * group + j])
+      start = -(-prev // 8) * 8
+      prev = end
+      if end - start < 2:
+        continue
+      lo, hi = part * slice_ + start, part * slice_ + end
+      order = np.arange(lo, hi)
+      if how == "reverse":
+        order = order[::-1]
+      else:
+        order[[0, 1]] = order[[1, 0]]
+      for a in arrays:
+        a[lo:hi] = a[order]
+  csr = inputs.sparse_dense_matmul_input._replace(**{f: {prog.stack: a} for f, a in zip(
+      ("lhs_embedding_ids", "lhs_sample_ids", "lhs_gains"), arrays)})
+  return inputs.replace(sparse_dense_matmul_input=csr)
+
+
+def _steps(prog, optimizer, rng, steps, combiner, init_acc=None, reorder=None):
   vocab, dim, batch = prog.vocab, prog.dim, prog.batch
   table = rng.normal(size=(vocab, dim)).astype(np.float32)
   acc = None if init_acc is None else np.full((vocab, dim), init_acc, np.float32)
@@ -31,6 +63,8 @@ def _steps(prog, optimizer, rng, steps, combiner, init_acc=None):
     ids, weights = sc_programs.ragged(rng, batch, vocab)
     grads = rng.normal(size=(batch, dim)).astype(np.float32)
     inputs = prog.preprocess({"f0": ids}, {"f0": weights})
+    if reorder:
+      inputs = _reorder_segments(prog, inputs, reorder)
     variables = prog.update({"f0": grads}, inputs, variables)
     grad, touched = numpy_model.row_gradients((vocab, dim), ids, weights, combiner, grads)
     assert not touched.all(), "the batch must leave rows untouched (laziness is checked)"
@@ -76,3 +110,17 @@ def test_update_clips_to_embedding_var_limits(optimizer):
   prog = sc_programs.Program(2, 2, 256, 8, spec, 32, limits=(-0.5, 0.5))
   _steps(prog, optimizer, rng, steps=2, combiner="sum",
          init_acc=None if optimizer == "sgd" else 0.1)
+
+
+@pytest.mark.parametrize("how", ["reverse", "swap"])
+@pytest.mark.parametrize("devices,num_sc", [(1, 4), (2, 2)])
+def test_unsorted_segments_take_either_path_exactly(devices, num_sc, how):
+  """The handler sums and updates in one pass over sorted runs of ids
+  (core/row_runs.h) and keeps a general path for buffers that are not so
+  sorted: both give the numpy model's tables."""
+  rng = np.random.default_rng(devices * 100 + num_sc + len(how))
+  prog = sc_programs.Program(
+      devices, num_sc, 256, 8,
+      embedding_spec.AdagradOptimizerSpec(learning_rate=LR, initial_accumulator_value=0.1),
+      64 * devices * num_sc)
+  _steps(prog, "adagrad", rng, steps=2, combiner="sum", init_acc=0.1, reorder=how)
