@@ -115,6 +115,9 @@ UpdateSettings ReadUpdateSettings(const OptimizationParameters& p, const Optimiz
 
 void CopyShard(const Table& table, ShardingStrategy strategy, int num_shards, int shard_id,
                int64_t rows, FloatBuffer* state, float* shard, bool to_state) {
+  // An empty shard (a host past the vocabulary holds no rows) moves nothing;
+  // its [0, dim] tensor's data may be null, which memcpy must not be given.
+  if (rows <= 0) return;
   const int dim = table.dimension;
   // `n` consecutive table rows from table row `global` <-> shard row `r`.
   auto copy = [&](int64_t global, int64_t r, int64_t n) {

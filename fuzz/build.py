@@ -8,7 +8,8 @@ names what it links (docs/contributing.md "Coverage-guided fuzzing"):
     // fuzz-sources: engine/engine.cc engine/table.cc
     // fuzz-needs: tensorflow | jax | none
 
-(fuzz-sources: the repository-relative .cc files it links; may be empty.)
+(fuzz-sources: the repository-relative .cc files it links, on one or more
+such lines; may be empty.)
 
 `tensorflow`: TensorFlow's headers (-isystem), defines and libraries from
 setup.py's compiler_and_flags() (the flags the op library is built with,
@@ -68,8 +69,8 @@ def target_header(name):
             if not line.startswith("//"):
                 break
             m = re.match(r"//\s*fuzz-(sources|needs):(.*)$", line)
-            if m and m.group(1) == "sources":
-                sources = m.group(2).split()
+            if m and m.group(1) == "sources":  # several lines add up
+                sources = (sources or []) + m.group(2).split()
             elif m:
                 needs = m.group(2).strip()
     if sources is None or needs not in NEEDS:
