@@ -200,7 +200,9 @@ def build(names=None, coverage=False, jobs=None):
             raise SystemExit("fuzz/build.py: no target %r (fuzz/targets/%s.cc); targets: %s"
                              % (name, name, ", ".join(known)))
     cxx = _compiler()
-    env = dict(os.environ)
+    # The sanitizer lane preloads GCC's sanitizer runtimes into its python;
+    # the compiler and linker run without them.
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     env.setdefault("CCACHE_BASEDIR", ROOT)
     env.setdefault("CCACHE_NOHASHDIR", "true")
     cache, plans = {}, []
@@ -227,7 +229,7 @@ def build(names=None, coverage=False, jobs=None):
         if not (os.path.exists(binary) and all(os.path.getmtime(o) <= os.path.getmtime(binary)
                                                for o in inputs)):
             cmd = [CLANG] + inputs + ["-o", binary] + lflags
-            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+            proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
             if proc.returncode != 0:
                 raise SystemExit("fuzz/build.py: linking %s failed:\n%s\n%s"
                                  % (name, " ".join(shlex.quote(c) for c in cmd),
