@@ -58,6 +58,7 @@ export CCACHE_BASEDIR ?= $(CURDIR)
 NOTEBOOK_REQ = nbclient==0.11.0 ipykernel==7.4.0
 
 .PHONY: all venv build test test-quick test-all cpp-test demo movielens bench bench-peers bazel-check bazel-install clean fuzz sanitize \
+        fuzz-deps fuzz-cov fuzz-cov-all fuzz-cov-report \
         test-tf test-tfio lane-build tfio-build package-check wheel wheel-check release-check \
         tools-venv clients-venv test-clients \
         test-clients-all docs docs-venv venv-jax jax-build test-jax lint format lint-venv \
@@ -110,7 +111,8 @@ DEFAULT_LANE  = not slow and not clients
 # sanitized build is the stronger check): the engine's tests (but
 # test_config_limits.py, whose out-of-memory case cannot run under ASan), the
 # C++ unit tests and the fuzz folder (where a crash or an overflow is what it
-# looks for).  About 240 s of the default lane's test time.
+# looks for; the libFuzzer targets' short runs need clang-14 from
+# `make fuzz-deps`).  About 240 s of the default lane's test time.
 SAN_ONLY       = $(filter-out tests/engine/test_config_limits.py,$(sort $(wildcard tests/engine/test_*.py))) \
                  tests/cpp tests/fuzz
 DEFAULT_IGNORE = $(addprefix --ignore=,$(SAN_ONLY))
@@ -174,6 +176,28 @@ FUZZ_ARGS  ?=
 fuzz: build
 	$(PY) tests/fuzz/runner.py --cases $(FUZZ_CASES) --seed $(FUZZ_SEED) --out out/fuzz $(FUZZ_ARGS)
 
+# Coverage-guided fuzzing (docs/contributing.md "Coverage-guided fuzzing"):
+# libFuzzer targets in fuzz/targets built with clang-14 under ASan+UBSan
+# (fuzz/build.py), run from their corpora by fuzz/run.py; findings land in
+# out/fuzz-cov/findings/<target>/ with REPLAY.txt.  `make fuzz-deps` installs
+# clang-14, libFuzzer and llvm-14 from Debian (root + apt) where clang++-14 is
+# missing.  `make fuzz-cov TARGET=config_init SECONDS=60` runs one target,
+# `make fuzz-cov-all SECONDS=60` every one (a line each; exit 1 on a
+# finding), `make fuzz-cov-report` the line coverage of the fuzzed C++ files
+# over the corpora into out/fuzz-cov/coverage/.
+SECONDS ?= 60
+TARGET  ?=
+fuzz-deps:
+	command -v clang++-14 >/dev/null 2>&1 || \
+	  (apt-get update -q && apt-get install -y -q clang-14 libfuzzer-14-dev llvm-14)
+fuzz-cov: venv fuzz-deps
+	@test -n "$(TARGET)" || (echo "fuzz-cov: name a target: make fuzz-cov TARGET=<name> (fuzz/targets/<name>.cc)"; exit 2)
+	$(PY) fuzz/run.py --seconds $(SECONDS) $(TARGET)
+fuzz-cov-all: venv fuzz-deps
+	$(PY) fuzz/run.py --seconds $(SECONDS) --all
+fuzz-cov-report: venv fuzz-deps
+	$(PY) fuzz/run.py --report
+
 # `make sanitize`: the same sources built with ASan+UBSan (setup.py,
 # TF_TPU_EMB_SANITIZE=1) in a copy of the tree under build/sanitize (the normal
 # build is untouched), then the test suite (with the fuzz quick profile) run
@@ -200,7 +224,7 @@ SAN_PYTEST  = $(CURDIR)/$(VENV)/bin/pytest $(SAN_OPTS) $(XDIST)
 # The slow half is a few long tests, most in one file (the V2 stand-in at 4
 # and 8 replicas, a child process each): spread by test, not by file.
 SAN_PYTEST_BY_TEST = $(CURDIR)/$(VENV)/bin/pytest $(SAN_OPTS) -n $(PYTEST_JOBS) --dist load
-sanitize: venv
+sanitize: venv fuzz-deps
 	$(call build_in_copy,$(SAN_TREE),TF_TPU_EMB_SANITIZE=1 $(CURDIR)/$(PY))
 	cd $(SAN_TREE) && $(SAN_ENV) $(SAN_PYTEST) -m "not clients" \
 	  $(filter-out $(SAN_SLOW_ONLY),$(SAN_TESTS)) $(PYTEST_ARGS)

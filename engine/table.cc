@@ -73,7 +73,9 @@ absl::Status ReadStorageFromEnvironment(std::vector<Table>* tables) {
       return invalid(absl::StrCat("names table '", name, "' twice"));
     }
   }
-  for (const auto& [name, bf16] : per_table) {
+  for (const auto& entry : per_table) {
+    // Not a structured binding: C++17 lambdas cannot capture one (clang).
+    const std::string& name = entry.first;
     if (std::none_of(tables->begin(), tables->end(),
                      [&](const Table& t) { return t.name == name; })) {
       return invalid(
@@ -113,6 +115,9 @@ UpdateSettings ReadUpdateSettings(const OptimizationParameters& p, const Optimiz
 
 void CopyShard(const Table& table, ShardingStrategy strategy, int num_shards, int shard_id,
                int64_t rows, FloatBuffer* state, float* shard, bool to_state) {
+  // An empty shard (a host past the vocabulary holds no rows) moves nothing;
+  // its [0, dim] tensor's data may be null, which memcpy must not be given.
+  if (rows <= 0) return;
   const int dim = table.dimension;
   // `n` consecutive table rows from table row `global` <-> shard row `r`.
   auto copy = [&](int64_t global, int64_t r, int64_t n) {
