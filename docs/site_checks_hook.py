@@ -10,8 +10,8 @@ build on those, naming the page:
   field number" docstrings, a library's private ``.src.`` module path (Keras
   3 defines its classes in ``keras.src``; the reference shows their public
   names: docs/griffe_sphinx_roles.py), and an issue number (the tracker is
-  not part of the documentation; docs/contributing.md "Rules the pages
-  keep");
+  not part of the documentation, and pages and code cite documents in the
+  repository instead);
 * on the API pages of the main classes and functions (TYPED_PAGES): a row
   of a Parameters table with an empty Type column (the public API is
   annotated; tests/demo/test_site_checks.py checks the signatures of what
