@@ -381,7 +381,29 @@ $(DOCS_VENV)/.deps: Makefile $(VENV)/.deps
 
 docs-venv: $(DOCS_VENV)/.deps
 
-docs: docs-venv
+# The diagrams (docs/concepts.md) are drawn by Mermaid in the reader's
+# browser.  Material fetches mermaid.js from unpkg unless the page already
+# has it; the site ships its own, pinned (mkdocs.yml extra_javascript), so
+# the diagrams render offline, from the file system and without a CDN.  The
+# npm package's tarball is checked against its sha256 and kept in .cache/;
+# its dist/mermaid.min.js and LICENSE go to $(MERMAID_DIR) (git-ignored).
+# Material 9.8 is written against Mermaid 11.
+MERMAID_VERSION = 11.17.2
+MERMAID_SHA256  = 6ad2f42c3fc26bbf9e45cbb6d11898972573ea52b33a5f4ff51952899f950ffd
+MERMAID_TGZ     = .cache/mermaid-$(MERMAID_VERSION).tgz
+MERMAID_DIR     = docs/assets/vendor
+$(MERMAID_TGZ):
+	mkdir -p $(dir $@)
+	curl -sSfL -o $@.part https://registry.npmjs.org/mermaid/-/mermaid-$(MERMAID_VERSION).tgz
+	echo "$(MERMAID_SHA256)  $@.part" | sha256sum -c --quiet
+	mv $@.part $@
+$(MERMAID_DIR)/mermaid.min.js: $(MERMAID_TGZ)
+	mkdir -p $(MERMAID_DIR)
+	tar -xzf $< -O package/dist/mermaid.min.js >$@.part
+	tar -xzf $< -O package/LICENSE >$(MERMAID_DIR)/mermaid.LICENSE
+	mv $@.part $@
+
+docs: docs-venv $(MERMAID_DIR)/mermaid.min.js
 	cd $(CURDIR) && NO_MKDOCS_2_WARNING=1 TF_CPP_MIN_LOG_LEVEL=3 $(DOCS_VENV)/bin/mkdocs build --strict
 
 # `make quickstart`: execute docs/quickstart.ipynb in a fresh kernel of this
