@@ -476,6 +476,16 @@ class TPUEmbeddingLayer(keras.layers.Layer):
 
         return learning_rates
 
+    def __call__(self, features, weights=None, **kwargs):
+        # Keras before 3.15 (the last for Python 3.10 is 3.12) reads `.shape`
+        # of every leaf of a nested call argument to build the layer, a None
+        # leaf (a feature without weights) included.  The build needs no
+        # shapes: build first, and Keras skips its own.
+        if (not self.built and weights is not None
+                and any(w is None for w in nest.flatten(weights))):
+            self.build()
+        return super().__call__(features, weights=weights, **kwargs)
+
     def call(self, features: Union[tf.Tensor, tf.SparseTensor, tf.RaggedTensor, Iterable],
              weights: Optional[Union[tf.SparseTensor, tf.RaggedTensor, Iterable]] = None,
              training: Optional[bool] = None) -> Union[tf.Tensor, Iterable]:
