@@ -200,10 +200,12 @@ absl::Status CsrAttrs::Init(const std::string& op, bool per_sc, std::string tabl
   num_sc = num_sc_per_chip;
   if (!per_sc) TF_RETURN_IF_ERROR(CheckSampleCount(op, sample_count, num_sc));
   num_physical = static_cast<int64_t>(num_replica) * num_sc;
-  max_ids = static_cast<int64_t>(per_sample) * sample_count * (per_sc ? num_sc : 1);
+  // Each product saturates (three int attrs overflow int64) and is refused.
+  max_ids = sc::MaxIdsPerChip(per_sample, sample_count, per_sc ? num_sc : 1);
   sizes = sc::CsrBufferSizesFor(num_replica, num_sc, max_minibatches, max_ids);
   // Without per_sc the id counts have 64 per (SparseCore, replica).
-  const bool counts_fit = per_sc || num_physical * num_sc * sc::kMaxDivisions < kInt32Max;
+  const bool counts_fit =
+      per_sc || sc::SaturatingMul(num_physical, int64_t{num_sc} * sc::kMaxDivisions) < kInt32Max;
   if (max_ids > kInt32Max || sizes.row_pointers > kInt32Max || !counts_fit) {
     return Invalid(op, absl::StrCat("the buffers (", sizes.row_pointers, " row pointers, ", max_ids,
                                     " ids) exceed int32"));
@@ -287,7 +289,7 @@ absl::Status MinibatchSplitsAttrs::Init(const std::string& op, int sample_count_
   num_sc = num_sc_per_chip;
   TF_RETURN_IF_ERROR(CheckSampleCount(op, sample_count, num_sc));
   num_physical = static_cast<int64_t>(num_replica) * num_sc;
-  if (num_physical * num_sc * sc::kMaxDivisions >= kInt32Max) {
+  if (sc::SaturatingMul(num_physical, int64_t{num_sc} * sc::kMaxDivisions) >= kInt32Max) {
     return Invalid(op, absl::StrCat(num_physical, " physical replicas are too many"));
   }
   return absl::OkStatus();
