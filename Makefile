@@ -47,6 +47,7 @@ export CCACHE_BASEDIR ?= $(CURDIR)
 NOTEBOOK_REQ = nbclient==0.11.0 ipykernel==7.4.0
 
 .PHONY: all venv build test test-quick test-all cpp-test demo movielens bench bench-peers bazel-check bazel-install clean fuzz sanitize \
+        fuzz-deps fuzz-cov fuzz-cov-all fuzz-cov-report \
         test-tf test-tfio lane-build tfio-build package-check wheel wheel-check release-check \
         tools-venv clients-venv test-clients \
         test-clients-all docs docs-venv venv-jax jax-build test-jax lint format lint-venv \
@@ -89,8 +90,9 @@ DEFAULT_LANE  = not slow and not clients
 # Files the default lane leaves to the sanitizer lane, which runs them whole
 # under ASan+UBSan (the fuzz quick profile: 90 s of the default lane's time,
 # and where a crash or an overflow is what it looks for, the sanitized build
-# is the one that finds it).
-DEFAULT_IGNORE = --ignore=tests/fuzz/test_fuzz_quick.py
+# is the one that finds it; the libFuzzer targets' short runs, which need
+# clang-14 from `make fuzz-deps`).
+DEFAULT_IGNORE = --ignore=tests/fuzz/test_fuzz_quick.py --ignore=tests/fuzz/test_fuzz_cov.py
 test: build
 	cd $(CURDIR) && $(VENV)/bin/pytest -q $(XDIST) $(DURATIONS) -m "$(DEFAULT_LANE)" $(DEFAULT_IGNORE) \
 	  $(PYTEST_ARGS)
@@ -151,6 +153,28 @@ FUZZ_ARGS  ?=
 fuzz: build
 	$(PY) tests/fuzz/runner.py --cases $(FUZZ_CASES) --seed $(FUZZ_SEED) --out out/fuzz $(FUZZ_ARGS)
 
+# Coverage-guided fuzzing (docs/contributing.md "Coverage-guided fuzzing"):
+# libFuzzer targets in fuzz/targets built with clang-14 under ASan+UBSan
+# (fuzz/build.py), run from their corpora by fuzz/run.py; findings land in
+# out/fuzz-cov/findings/<target>/ with REPLAY.txt.  `make fuzz-deps` installs
+# clang-14, libFuzzer and llvm-14 from Debian (root + apt) where clang++-14 is
+# missing.  `make fuzz-cov TARGET=config_init SECONDS=60` runs one target,
+# `make fuzz-cov-all SECONDS=60` every one (a line each; exit 1 on a
+# finding), `make fuzz-cov-report` the line coverage of the fuzzed C++ files
+# over the corpora into out/fuzz-cov/coverage/.
+SECONDS ?= 60
+TARGET  ?=
+fuzz-deps:
+	command -v clang++-14 >/dev/null 2>&1 || \
+	  (apt-get update -q && apt-get install -y -q clang-14 libfuzzer-14-dev llvm-14)
+fuzz-cov: venv fuzz-deps
+	@test -n "$(TARGET)" || (echo "fuzz-cov: name a target: make fuzz-cov TARGET=<name> (fuzz/targets/<name>.cc)"; exit 2)
+	$(PY) fuzz/run.py --seconds $(SECONDS) $(TARGET)
+fuzz-cov-all: venv fuzz-deps
+	$(PY) fuzz/run.py --seconds $(SECONDS) --all
+fuzz-cov-report: venv fuzz-deps
+	$(PY) fuzz/run.py --report
+
 # `make sanitize`: the same sources built with ASan+UBSan (setup.py,
 # TF_TPU_EMB_SANITIZE=1) in a copy of the tree under build/sanitize (the normal
 # build is untouched), then the test suite (with the fuzz quick profile) run
@@ -174,7 +198,7 @@ SAN_SLOW_ONLY ?= tests/ops tests/sparsecore tests/cluster
 SAN_SKIP   ?= --ignore=tests/cluster/test_bench_cluster.py --ignore=tests/cluster/test_worker_example.py
 SAN_OPTS   ?= -q -x -p no:cacheprovider $(XDIST) $(DURATIONS) $(SAN_SKIP)
 SAN_PYTEST  = $(CURDIR)/$(VENV)/bin/pytest $(SAN_OPTS)
-sanitize: venv
+sanitize: venv fuzz-deps
 	$(call build_in_copy,$(SAN_TREE),TF_TPU_EMB_SANITIZE=1 $(CURDIR)/$(PY))
 	cd $(SAN_TREE) && $(SAN_ENV) $(SAN_PYTEST) -m "not clients" \
 	  $(filter-out $(SAN_SLOW_ONLY),$(SAN_TESTS)) $(PYTEST_ARGS)

@@ -73,7 +73,9 @@ absl::Status ReadStorageFromEnvironment(std::vector<Table>* tables) {
       return invalid(absl::StrCat("names table '", name, "' twice"));
     }
   }
-  for (const auto& [name, bf16] : per_table) {
+  for (const auto& entry : per_table) {
+    // Not a structured binding: C++17 lambdas cannot capture one (clang).
+    const std::string& name = entry.first;
     if (std::none_of(tables->begin(), tables->end(),
                      [&](const Table& t) { return t.name == name; })) {
       return invalid(
