@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "core/cpu_dispatch.h"
+#include "core/csr_gather.h"
 #include "core/optimizers.h"
 #include "core/sparsecore.h"
 #include "kernels/registration.h"
@@ -53,33 +54,22 @@ struct LookupInput {
   std::vector<CsrId> ids;
 };
 
-// Activations of samples [first, last): zeroed, then each id of a sample in
-// that range adds gain * its row (buffer order).  Carries the CPU dispatch
-// of core/cpu_dispatch.h.
+// A CsrId's table row (on its chip's shard), activation row and gain, for
+// core/csr_gather.h.
+struct ChipRows {
+  const float* const* shards;
+  int64_t width;
+  const float* Row(const CsrId& id) const { return shards[id.chip] + id.row * width; }
+  static int64_t Sample(const CsrId& id) { return id.sample; }
+  static float Gain(const CsrId& id) { return id.gain; }
+};
+
+// Activations of samples [first, last): core/csr_gather.h's gather, with
+// the CPU dispatch of core/cpu_dispatch.h.
 TF_TPU_EMB_CPU_DISPATCH
 void GatherIds(const CsrId* ids, int64_t n, const float* const* shards, int64_t width, float* act,
                int64_t first, int64_t last) {
-  std::fill(act + first * width, act + last * width, 0.0f);
-  constexpr int64_t kAhead = 32;  // rows and activations prefetched ahead
-  for (int64_t i = 0; i < n; ++i) {
-    const CsrId& id = ids[i];
-    if (i + kAhead < n) {
-      const CsrId& next = ids[i + kAhead];
-      if (next.sample >= first && next.sample < last) {
-        const float* row = shards[next.chip] + next.row * width;
-        const float* out = act + next.sample * width;  // random too (sorted by row)
-        for (int64_t b = 0; b < width; b += 16) {
-          __builtin_prefetch(row + b);
-          __builtin_prefetch(out + b, 1);
-        }
-      }
-    }
-    if (id.sample < first || id.sample >= last) continue;
-    float* dst = act + id.sample * width;
-    const float* row = shards[id.chip] + id.row * width;
-    const float gain = id.gain;
-    for (int64_t d = 0; d < width; ++d) dst[d] += gain * row[d];
-  }
+  csr_gather::GatherPart(ChipRows{shards, width}, ids, n, width, act, first, last);
 }
 
 class CsrLookupOp : public AsyncOpKernel {

@@ -1,4 +1,4 @@
-"""Child of tests/api/test_lifecycle_stress.py: ``python churn_soak_script.py
+"""Child of tests/api/test_churn_soak.py: ``python churn_soak_script.py
 CYCLES``: CYCLES times, a fresh TPUEmbedding is created, built, trained one
 step (eagerly and in a tf.function), shut down and dropped; prints one JSON
 line: the resident set size (MiB) after every CYCLES/20 cycles and the engine

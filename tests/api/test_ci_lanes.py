@@ -6,6 +6,7 @@ lane's SAN_TESTS and each with `clients` tests in the client lane's folder;
 README's test command is the default lane's."""
 import pathlib
 import re
+import subprocess
 
 import harness
 
@@ -14,9 +15,12 @@ MAKEFILE = (ROOT / "Makefile").read_text()
 
 
 def _make_var(name):
-    match = re.search(r"^%s\s*\??=\s*(.*)$" % name, MAKEFILE, re.M)
-    assert match, name
-    return match.group(1).split()
+    """The variable's value as make expands it (`make print-NAME`)."""
+    assert re.search(r"^%s\s*\??=" % name, MAKEFILE, re.M), name
+    out = subprocess.run(["make", "-s", "--no-print-directory", "print-" + name], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
 
 
 def _files_marked(marker):
@@ -45,6 +49,10 @@ def test_files_the_default_lane_leaves_out_run_in_the_sanitizer_lane():
     san, slow_only = _make_var("SAN_TESTS"), _make_var("SAN_SLOW_ONLY")
     assert [f for f in ignored if not (ROOT / f).exists() or not _covered(f, san)
             or _covered(f, slow_only)] == []
+    # A test that skips itself under the sanitizers would then run nowhere.
+    files = [p for f in ignored for p in ([ROOT / f] if f.endswith(".py")
+                                           else (ROOT / f).rglob("test_*.py"))]
+    assert [str(p) for p in files if "UNDER_ASAN" in p.read_text()] == []
     assert re.search(r'^test: build\n.*-m "\$\(DEFAULT_LANE\)" \$\(DEFAULT_IGNORE\)', MAKEFILE,
                      re.M)
 
