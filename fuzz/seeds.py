@@ -8,7 +8,8 @@ decoded field by field (fuzz/targets/fuzz_input.h) from byte strings of a
 few lengths.  Generation is seeded, so rerunning the script writes the same
 files; a target's folder is replaced whole.  Keep each target under 100 KB.
 
-`sparsecore_preprocess`: byte 0 each of the target's paths, the rest random.
+`sparsecore_preprocess`, `jax_ffi`: byte 0 each of the target's paths, the
+rest random (their decoding makes mostly well-formed inputs of any bytes).
 
 `config_init` (fuzz/targets/config_init.cc): byte 0 the configure variant,
 byte 1 the shard count and id, then a TPUEmbeddingConfiguration from the
@@ -74,6 +75,8 @@ GENERATORS = {
     # minibatching path, the sort, the CSR buffers, the minibatching ops), whose
     # decoding makes mostly well-formed batches of any bytes.
     "sparsecore_preprocess": _paths(5, [48, 96, 192, 384, 768, 1536]),
+    # fuzz/targets/jax_ffi.cc: the lookup, the gradient + update, the row gradients.
+    "jax_ffi": _paths(3, [32, 64, 128, 256, 512, 1024]),
 }
 
 
