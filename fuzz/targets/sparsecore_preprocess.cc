@@ -525,7 +525,7 @@ void Minibatching(FuzzInput& in) {
     return;
   }
   if (!Clean(init, op)) return;
-  if (counts_wanted > kMaxElements) return;
+  if (counts_wanted >= kMaxElements) return;  // the id counts: one more
   Outputs sp({DT_INT32, DT_INT32, DT_FLOAT, DT_INT64, DT_INT32, DT_INT32, DT_INT32});
   if (!Clean(GetMinibatchSplits(op, ma, c[0], c[1], c[2], sp.ctx()), op)) return;
   sp.CheckComplete(op.c_str());
@@ -718,7 +718,7 @@ void RawMinibatches(FuzzInput& in) {
                  static_cast<long long>(wanted));
       return;
     }
-    if (!Clean(init, op) || wanted > kMaxElements) return;
+    if (!Clean(init, op) || wanted >= kMaxElements) return;
     Outputs out({DT_INT32, DT_INT32, DT_FLOAT, DT_INT64, DT_INT32, DT_INT32, DT_INT32});
     if (!Clean(GetMinibatchSplits(op, ma, rows[0], cols[0], gains[0], out.ctx()), op)) return;
     out.CheckComplete(op.c_str());
