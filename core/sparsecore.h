@@ -59,15 +59,34 @@ inline std::string CheckCsrId(int64_t i, int64_t sample, int64_t batch, int64_t 
   return "";
 }
 
+// a * b for a, b >= 0, or INT64_MAX where that does not fit: the sizes the
+// SparseCore ops derive from their int attrs (each up to 2^31 - 1, three of
+// them overflow int64); the kernels refuse any size beyond int32.
+inline int64_t SaturatingMul(int64_t a, int64_t b) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  if (a == 0 || b == 0) return 0;
+  return a > kMax / b ? kMax : a * b;
+}
+
 struct CsrBufferSizes {
   int64_t row_pointers;  // max_minibatches_per_sc * num_sc * RoundUp(num_replica * num_sc, 8)
   int64_t ids;           // max_ids_per_chip
 };
 
+// Saturated at INT64_MAX (SaturatingMul).
 inline CsrBufferSizes CsrBufferSizesFor(int64_t num_replica, int64_t num_sc,
                                         int64_t max_minibatches_per_sc, int64_t max_ids_per_chip) {
-  return {max_minibatches_per_sc * num_sc * RoundUp(num_replica * num_sc, kXlaPadSize),
-          max_ids_per_chip};
+  const int64_t p = SaturatingMul(num_replica, num_sc);
+  const int64_t group = p > std::numeric_limits<int64_t>::max() - kXlaPadSize
+                            ? std::numeric_limits<int64_t>::max()
+                            : RoundUp(p, kXlaPadSize);
+  return {SaturatingMul(SaturatingMul(max_minibatches_per_sc, num_sc), group), max_ids_per_chip};
+}
+
+// max_ids_per_chip: max_ids_per_chip_per_sample * sample_count (times
+// num_sc_per_chip where the sample count is per SparseCore), saturated.
+inline int64_t MaxIdsPerChip(int64_t per_sample, int64_t sample_count, int64_t num_sc) {
+  return SaturatingMul(SaturatingMul(per_sample, sample_count), num_sc);
 }
 
 // The combiners of the COO conversion (semantics §1): each id's weight

@@ -8,6 +8,9 @@ decoded field by field (fuzz/targets/fuzz_input.h) from byte strings of a
 few lengths.  Generation is seeded, so rerunning the script writes the same
 files; a target's folder is replaced whole.  Keep each target under 100 KB.
 
+`sparsecore_preprocess`, `jax_ffi`: byte 0 each of the target's paths, the
+rest random (their decoding makes mostly well-formed inputs of any bytes).
+
 `config_init` (fuzz/targets/config_init.cc): byte 0 the configure variant,
 byte 1 the shard count and id, then a TPUEmbeddingConfiguration from the
 random-case fuzz suite's generator (tests/fuzz/fuzz_configs.py), in feature
@@ -54,11 +57,26 @@ def _random_bytes(lengths):
     return generate
 
 
+def _paths(count, lengths):
+    """Byte 0 picks one of `count` paths (each path every length), the rest
+    decoded field by field."""
+    def generate(rng):
+        return [bytes([path]) + rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+                for path in range(count) for n in lengths]
+    return generate
+
+
 GENERATORS = {
     "config_init": _config_init,
     # Inputs decoded field by field: byte strings of several lengths.
     "input_mappers": _random_bytes([64, 128, 256, 512, 1024] * 4),
     "load_retrieve": _random_bytes([32, 64, 128, 256, 512] * 4),
+    # fuzz/targets/sparsecore_preprocess.cc: its five paths (the V2 pipeline, the
+    # minibatching path, the sort, the CSR buffers, the minibatching ops), whose
+    # decoding makes mostly well-formed batches of any bytes.
+    "sparsecore_preprocess": _paths(5, [48, 96, 192, 384, 768, 1536]),
+    # fuzz/targets/jax_ffi.cc: the lookup, the gradient + update, the row gradients.
+    "jax_ffi": _paths(3, [32, 64, 128, 256, 512, 1024]),
 }
 
 

@@ -99,7 +99,7 @@ absl::Status CsrBuffersShapeFn(InferenceContext* c) {
   TF_RETURN_IF_ERROR(c->GetAttr("num_sc_per_chip", &num_sc));
   const sparsecore::CsrBufferSizes sizes = sparsecore::CsrBufferSizesFor(
       num_replica, num_sc, max_minibatches_per_sc,
-      static_cast<int64_t>(per_sample) * sample_count * (per_sc ? num_sc : 1));
+      sparsecore::MaxIdsPerChip(per_sample, sample_count, per_sc ? num_sc : 1));
   c->set_output(0, c->MakeShape({sizes.row_pointers}));
   for (int i = 1; i < 4; ++i) c->set_output(i, c->MakeShape({sizes.ids}));
   for (int i = 4; i < 7; ++i) c->set_output(i, c->Scalar());

@@ -122,6 +122,35 @@ def test_csr_wrapped_bad_input(kwargs, match):
     _raises("ConvertToSparseCoreCsrWrappedCooTensor: .*" + match, **kwargs)
 
 
+def _csr_of(num_sc, **attrs):
+    """_csr's op with `num_sc` SparseCores' (empty) lists."""
+    empty = np.zeros(0, np.int32)
+    kwargs = dict(_csr([0, 0, 0], rows=()), sorted_row_ids_list=[empty] * num_sc,
+                  sorted_col_ids_list=[empty] * num_sc,
+                  sorted_gains_list=[np.zeros(0, np.float32)] * num_sc, **attrs)
+    return dict(kwargs, id_counts_list=[np.zeros(kwargs["num_replica"] * num_sc + 1, np.int32)
+                                        if kwargs["num_replica"] < 8 else np.zeros(3, np.int32)]
+                * num_sc)
+
+
+INT32_MAX = 2**31 - 1
+
+
+# Attrs whose buffer sizes overflow int64 (found by fuzz/targets/sparsecore_preprocess.cc):
+# each product is refused, not wrapped around into a size that passes the int32 check (the
+# second case's id counts are valid: the wrapped, negative size aborted the process).
+@pytest.mark.parametrize("kwargs", [
+    # max_minibatches_per_sc * num_sc_per_chip * RoundUp(num_replica * num_sc_per_chip, 8)
+    # = (2^31 - 1) * 2^33 row pointers.
+    _csr_of(2, num_replica=INT32_MAX, max_minibatches_per_sc=INT32_MAX),
+    # max_ids_per_chip_per_sample * sample_count_per_sc * num_sc_per_chip = (2^31 - 1)^2 * 8.
+    _csr_of(8, num_replica=1, max_ids_per_chip_per_sample=INT32_MAX,
+            sample_count_per_sc=INT32_MAX),
+])
+def test_csr_wrapped_sizes_beyond_int64(kwargs):
+    _raises("ConvertToSparseCoreCsrWrappedCooTensor: the buffers .* exceed int32", **kwargs)
+
+
 # ------------------------------------------------------- lookup and gradients
 
 def _lookup(rp=(2, 8, 8, 8, 8, 8, 8, 8), sid=(0, 1), tid=(0, 2), table_rows=4, name=None,
@@ -290,6 +319,12 @@ def test_minibatch_splits_bad_input(kwargs, match):
     _raises("GetMinibatchSplitsWithPhysicalReplica: .*" + match, **kwargs)
 
 
+def test_minibatch_splits_id_counts_beyond_int64():
+    # 64 * num_sc_per_chip * num_replica * num_sc_per_chip = 2^38 * (2^31 - 1) id counts.
+    _raises("GetMinibatchSplitsWithPhysicalReplica: .* physical replicas are too many",
+            **_splits_op([], [], sample_count=2**16, num_sc_per_chip=2**16, num_replica=INT32_MAX))
+
+
 def _csr_op(counts, splits=0, **attrs):
     kwargs = dict(name="GetMinibatchesInCsrWithPhysicalReplica", program_key=np.array(["k"]),
                   row_ids=np.zeros(3, np.int32), col_ids=np.zeros(3, np.int32),
@@ -314,6 +349,15 @@ GOOD_COUNTS = [0] + [3] * 64
 ])
 def test_minibatches_in_csr_bad_input(kwargs, match):
     _raises("GetMinibatchesInCsrWithPhysicalReplica: .*" + match, **kwargs)
+
+
+def test_minibatches_in_csr_sizes_beyond_int64():
+    # 2 * 2^16 * RoundUp(2^16 * (2^31 - 1), 8) row pointers and 64 * 2^16 * 2^16 * (2^31 - 1)
+    # id counts (our op: TF's shape function refuses these attrs at graph construction).
+    _raises("GetMinibatchesInCsrWithPhysicalReplica: the buffers .* exceed int32",
+            **_csr_op(GOOD_COUNTS, name=tte_ops.PREFIX + "GetMinibatchesInCsrWithPhysicalReplica",
+                      sample_count=2**16, num_sc_per_chip=2**16, num_replica=INT32_MAX,
+                      max_minibatches_per_sc=2))
 
 
 def test_store_minibatch_statistics_bad_input():
