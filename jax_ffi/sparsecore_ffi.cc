@@ -571,7 +571,8 @@ ffi::Error RowGradsImpl(ffi::Buffer<ffi::S32> rp, ffi::Buffer<ffi::S32> ids,
   for (int64_t k = 0; k < capacity; ++k) r[k] = k < n ? static_cast<int32_t>(touched[k]) : -1;
   count->typed_data()[0] = static_cast<int32_t>(n);
   float* out = grads->typed_data();
-  std::memset(out, 0, sizeof(float) * capacity * width);
+  // An empty result may have no storage (a null pointer is no memset's).
+  if (capacity * width > 0) std::memset(out, 0, sizeof(float) * capacity * width);
   if (n > 0) std::memcpy(out, grad.data(), sizeof(float) * n * width);
   return ffi::Error::Success();
 }
