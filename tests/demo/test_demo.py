@@ -33,7 +33,7 @@ STEPS = ["--quick", "--steps", "40", "--eval-every", "20"]
 
 def _demo(out, *extra):
     return out, harness.run_python(["-m", "tf_tpu_emb.demo", *STEPS, "--out", str(out), *extra],
-                                   timeout=300)
+                                   timeout=900)
 
 
 @pytest.fixture(scope="module")
