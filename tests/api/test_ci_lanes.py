@@ -101,3 +101,22 @@ def test_the_package_lane_checks_the_repaired_wheel_without_a_compiler():
     pythons = re.search(r"^RELEASE_PYTHONS \?=((?:.*\\\n)*.*)$", MAKEFILE, re.M).group(1)
     for version in ("3.10", "3.12", "3.13"):
         assert re.search(r"/bin/python%s\b" % re.escape(version), pythons), version
+
+
+def test_tensorflow_runs_from_bytecode():
+    """The virtualenvs hold compiled bytecode (the Makefile's `uv_install`,
+    --compile-bytecode): where PYTHONDONTWRITEBYTECODE is set, as on CI's
+    machines, Python writes no .pyc files, and a virtualenv without them
+    compiles TensorFlow's Python from source in every process (its import
+    took 24 s instead of 10; the default lane ran 2,113 s).  A virtualenv made
+    by an older Makefile: `rm -rf .venv && make venv`."""
+    import importlib.util
+
+    from tensorflow.python import pywrap_tensorflow
+    from tensorflow.python.framework import ops
+
+    import tensorflow as tf
+
+    missing = [m.__file__ for m in (tf, pywrap_tensorflow, ops)
+               if not pathlib.Path(importlib.util.cache_from_source(m.__file__)).exists()]
+    assert missing == [], "no bytecode beside %s" % missing
