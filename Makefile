@@ -101,17 +101,18 @@ build: $(VENV)/.built
 
 # Test tiers (docs/contributing.md "Tests and CI lanes"; markers in
 # pyproject.toml): the default lane is every test but the `slow` ones (soak,
-# stress: the sanitizer lane runs them) and the `clients` ones (the client
-# lane), on PYTEST_JOBS pytest-xdist workers (a test file stays on one worker:
-# module fixtures such as a loopback cluster are shared by its tests).  It
-# includes the C++ unit tests (tests/cpp/test_cpp_units.py builds and runs
-# them; `make cpp-test` runs only those).  `make test-quick`: no child
-# processes, servers, demos or compiles either (`system`), for a fast
-# edit-test loop; `make test-all`: everything but the client lane.
+# stress: the sanitizer lane runs them), the `clients` ones (the client
+# lane) and the `long` ones (end-to-end runs of the benchmarks, examples and
+# soaks, the bigger cells of matrices whose smaller cells CI runs: `make
+# test-all`, not CI), on PYTEST_JOBS pytest-xdist workers (a test file stays
+# on one worker: module fixtures such as a loopback cluster are shared by its
+# tests).  `make test-quick`: no child processes, servers, demos or compiles
+# either (`system`), for a fast edit-test loop; `make test-all`: everything
+# but the client lane (the `long` tier among it).
 PYTEST_JOBS  ?= 2
 XDIST         = -n $(PYTEST_JOBS) --dist loadfile
 DURATIONS     = --durations=15
-DEFAULT_LANE  = not slow and not clients
+DEFAULT_LANE  = not slow and not clients and not long
 # Files the default lane leaves to the sanitizer lane, which runs them whole
 # under ASan+UBSan (CI's time budget: each test runs once, and for these the
 # sanitized build is the stronger check): the engine's tests (but
@@ -232,9 +233,9 @@ SAN_PYTEST  = $(CURDIR)/$(VENV)/bin/pytest $(SAN_OPTS) $(XDIST)
 SAN_PYTEST_BY_TEST = $(CURDIR)/$(VENV)/bin/pytest $(SAN_OPTS) -n $(PYTEST_JOBS) --dist load
 sanitize: venv fuzz-deps
 	$(call build_in_copy,$(SAN_TREE),TF_TPU_EMB_SANITIZE=1 $(CURDIR)/$(PY))
-	cd $(SAN_TREE) && $(SAN_ENV) $(SAN_PYTEST) -m "not clients" \
+	cd $(SAN_TREE) && $(SAN_ENV) $(SAN_PYTEST) -m "not clients and not long" \
 	  $(filter-out $(SAN_SLOW_ONLY),$(SAN_TESTS)) $(PYTEST_ARGS)
-	cd $(SAN_TREE) && $(SAN_ENV) $(SAN_PYTEST_BY_TEST) -m "slow and not clients" \
+	cd $(SAN_TREE) && $(SAN_ENV) $(SAN_PYTEST_BY_TEST) -m "slow and not clients and not long" \
 	  $(filter $(SAN_SLOW_ONLY),$(SAN_TESTS)) $(PYTEST_ARGS)
 # ----------------------------------------------------------------------------
 

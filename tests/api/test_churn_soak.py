@@ -14,7 +14,7 @@ import pytest
 
 import harness
 
-pytestmark = pytest.mark.system
+pytestmark = [pytest.mark.system, pytest.mark.long]
 
 CYCLES = 1000
 # After the first 100 cycles.  Before the name pool, TF's eager kernel cache

@@ -57,6 +57,22 @@ def test_files_the_default_lane_leaves_out_run_in_the_sanitizer_lane():
                      re.M)
 
 
+def test_long_tests_run_in_test_all_and_in_no_ci_lane():
+    """The `long` tier (pyproject.toml) is `make test-all`'s: neither the
+    default lane nor the sanitizer lane's two runs take it; each long test
+    is a bigger cell or an end-to-end run beside tests CI runs, so a file
+    holds CI tests too or is one end-to-end run named in the contributing
+    page."""
+    assert re.search(r'^test-all: build\n.*-m "not clients"', MAKEFILE, re.M)
+    san = re.search(r"^sanitize: .*\n((?:\t.*\n)+)", MAKEFILE, re.M).group(1)
+    assert len(re.findall(r'-m "[^"]*not long"', san)) == 2, san
+    docs = (ROOT / "docs" / "contributing.md").read_text()
+    for f in _files_marked("long"):
+        text = (ROOT / f).read_text()
+        if re.search(r"^pytestmark = .*pytest\.mark\.long", text, re.M):
+            assert "`%s`" % f in docs, f
+
+
 def test_client_tests_run_in_the_client_lane():
     assert [f for f in _files_marked("clients") if not f.startswith("tests/clients/")] == []
     assert re.search(r'^test-clients:.*\n.*-m "clients and not slow" tests/clients', MAKEFILE,
@@ -70,8 +86,8 @@ def test_ci_runs_every_lane_and_the_readme_test_command():
                    "test-clients"):
         assert re.search(r"^lane \S+ make %s$" % target, ci, re.M), target
     assert re.search(r"^make test\s+# ", (ROOT / "README.md").read_text(), re.M)
-    assert '-m "$(DEFAULT_LANE)"' in MAKEFILE and "DEFAULT_LANE  = not slow and not clients" \
-        in MAKEFILE
+    assert '-m "$(DEFAULT_LANE)"' in MAKEFILE
+    assert "DEFAULT_LANE  = not slow and not clients and not long" in MAKEFILE
 
 
 def test_the_docs_lane_builds_strictly_and_every_lane_is_in_the_table():

@@ -113,7 +113,7 @@ def test_training_one_device_strategy(optimizer):
         emb.shutdown()
 
 
-@pytest.mark.parametrize("replicas", [2, 4])
+@pytest.mark.parametrize("replicas", [2, pytest.param(4, marks=pytest.mark.long)])
 def test_training_mirrored_strategy(replicas):
     """MirroredStrategy over 2 / 4 logical CPUs (own process): the per-replica
     batch is the global batch split contiguously; all replicas' gradients make

@@ -27,6 +27,7 @@ def _bench_module():
     return module
 
 
+@pytest.mark.long
 def test_quick_run_matches_the_local_engine():
     result = harness.run_python([BENCH, "--quick", "--rounds", "1", "--blocks", "1", "--pss"],
                                 timeout=900)
@@ -40,6 +41,7 @@ def test_quick_run_matches_the_local_engine():
             assert all(row.split()[-1].endswith("x") for row in rows), rows  # ours/PSS
 
 
+@pytest.mark.long
 def test_breakdown_quick_run_prints_every_component():
     """benchmarks/cluster_breakdown.py (the step's time, part by part) runs."""
     result = harness.run_python([BREAKDOWN, "--quick", "--rounds", "1"], timeout=600)
@@ -76,7 +78,7 @@ def test_bytes_per_host_auto_form_and_host_count(lib):
 PINNED = os.path.join(harness.ROOT, "benchmarks", "bench_pinned.py")
 
 
-@pytest.mark.parametrize("net", ["direct", "relay"])
+@pytest.mark.parametrize("net", ["direct", pytest.param("relay", marks=pytest.mark.long)])
 def test_pinned_quick_run_prints_every_figure(net):
     """benchmarks/bench_pinned.py (hosts and worker on disjoint cores; with
     ``--net relay`` through benchmarks/netsim_relay.py) runs, its hosts side

@@ -14,7 +14,7 @@ from cluster import LoopbackCluster
 EXAMPLE = pathlib.Path(harness.ROOT) / "examples" / "cluster_worker.py"
 EPOCH = re.compile(r"^epoch (\d+): loss first (\S+) last (\S+) mean (\S+)$", re.M)
 
-pytestmark = pytest.mark.system
+pytestmark = [pytest.mark.system, pytest.mark.long]
 
 
 def run_example(*args):

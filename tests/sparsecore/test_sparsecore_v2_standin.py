@@ -53,7 +53,8 @@ def assert_equals_model(result, opt):
         assert_close(result["final"][name], tables[name], name)
 
 
-@pytest.mark.parametrize("replicas", [1, 2, pytest.param(4, marks=pytest.mark.slow),
+@pytest.mark.parametrize("replicas", [pytest.param(1, marks=pytest.mark.long), 2,
+                                      pytest.param(4, marks=pytest.mark.slow),
                                       pytest.param(8, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("opt", OPTIMIZERS)
 def test_training_equals_the_global_batch_model(tmp_path, opt, replicas):

@@ -104,7 +104,8 @@ def example_on_one_replica(tmp_path_factory):
     return _example(tmp_path_factory.mktemp("example"), 1)
 
 
-@pytest.mark.parametrize("replicas", [2, 4, 8])
+@pytest.mark.parametrize("replicas", [2, pytest.param(4, marks=pytest.mark.long),
+                                      pytest.param(8, marks=pytest.mark.long)])
 def test_example_tpu_script_at_tpu_replica_counts(tmp_path, replicas, example_on_one_replica):
     """The example, as written for a TPU, at 2, 4 and 8 replicas (a v3-8)
     trains as on one: a TPU's step is a global-batch step (the tables' and
