@@ -17,6 +17,12 @@ build on those, naming the page:
   annotated; tests/demo/test_site_checks.py checks the signatures of what
   those pages document).
 
+It also makes the documents the docstrings cite links: a path such as
+docs/guides/parquet.md in a page's running text (the docstrings cite the
+repository's documents by path, which reads right in the source and in
+help()) becomes a link to that page of the site when the site has it
+(`link_doc_paths`).
+
 It also checks that the scripts the site serves itself (mkdocs.yml
 `extra_javascript`: the pinned mermaid.js that draws the diagrams, which
 `make docs` fetches) are there, so a build without them fails instead of
@@ -69,13 +75,47 @@ def problems(page_html, typed=False):
     return found
 
 
+_DOC_PATH = re.compile(r"(?<![\w/.-])docs/([\w/.-]+\.md)\b")
+_PIECE = re.compile(r"(<[^>]+>)")
+_OPENS = re.compile(r"<(a|code|pre)\b", re.I)
+_CLOSES = re.compile(r"</(a|code|pre)\s*>", re.I)
+
+
+def link_doc_paths(page_html, resolve):
+    """`page_html` with each docs/<path>.md in its running text (not in a
+    tag, a link, code or a code block) made a link to
+    ``resolve("<path>.md")``, the page's address of that document, or left
+    as it is where ``resolve`` gives None (a document the site lacks)."""
+    out, inside = [], 0
+    for piece in _PIECE.split(page_html):
+        if piece.startswith("<"):
+            if _OPENS.match(piece):
+                inside += 1
+            elif _CLOSES.match(piece):
+                inside = max(0, inside - 1)
+            out.append(piece)
+        elif inside or "docs/" not in piece:
+            out.append(piece)
+        else:
+            def link(match):
+                url = resolve(match.group(1))
+                return match.group(0) if url is None else '<a href="%s">%s</a>' % (
+                    html.escape(url, quote=True), match.group(0))
+            out.append(_DOC_PATH.sub(link, piece))
+    return "".join(out)
+
+
 def on_page_content(html_text, page, config, files, **kwargs):  # pylint: disable=unused-argument
     from mkdocs.exceptions import PluginError  # pylint: disable=import-outside-toplevel
 
     found = problems(html_text, page.file.src_uri in TYPED_PAGES)
     if found:
         raise PluginError("%s shows %s" % (page.file.src_uri, "; ".join(found)))
-    return html_text
+
+    def resolve(path):
+        target = files.get_file_from_path(path)
+        return None if target is None else target.url_relative_to(page.file)
+    return link_doc_paths(html_text, resolve)
 
 
 def on_files(files, config, **kwargs):  # pylint: disable=unused-argument

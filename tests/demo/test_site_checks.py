@@ -77,6 +77,20 @@ def test_each_leak_is_found(leak, what):
     assert len(found) == 1 and what in found[0], found
 
 
+def test_doc_paths_in_running_text_become_links_to_the_site():
+    pages = {"guides/parquet.md": "../guides/parquet.html", "engine.md": "../engine.html"}
+    page = ('<p>Reads Parquet (docs/guides/parquet.md); see docs/engine.md "Semantics", '
+            "docs/missing.md and mydocs/guides/parquet.md.</p>"
+            '<p><code>docs/engine.md</code> <a href="x">docs/engine.md</a></p>'
+            "<pre>docs/engine.md</pre>")
+    got = HOOK.link_doc_paths(page, pages.get)
+    assert got == ('<p>Reads Parquet (<a href="../guides/parquet.html">docs/guides/parquet.md</a>)'
+                   '; see <a href="../engine.html">docs/engine.md</a> "Semantics", '
+                   "docs/missing.md and mydocs/guides/parquet.md.</p>"
+                   '<p><code>docs/engine.md</code> <a href="x">docs/engine.md</a></p>'
+                   "<pre>docs/engine.md</pre>")
+
+
 # ------------------------------------------------- the typed pages' code
 
 
