@@ -163,7 +163,7 @@ class TPUEmbedding(autotrackable.AutoTrackable):
 
     def __init__(self,
                  feature_config: Union[tpu_embedding_v2_utils.FeatureConfig, Iterable],
-                 optimizer: Optional[tpu_embedding_v2_utils._Optimizer],
+                 optimizer: "Optional[optimizers_lib.Optimizer]",
                  pipeline_execution_with_tensor_core: bool = False, *,
                  cluster: Optional["hosts_lib.EmbeddingHosts"] = None,
                  sharding_strategy: str = "DIV_DEFAULT",

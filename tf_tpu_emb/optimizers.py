@@ -49,6 +49,11 @@ from tf_tpu_emb.optimizer_specs import (  # noqa: F401  (re-exported)
     UNIT_OPEN, Check, CrossCheck, Hyper, OptimizerInfo)
 
 _Optimizer = _v2_utils._Optimizer  # pylint: disable=protected-access
+# What an optimizer argument of this package takes (the annotations' name):
+# TF's own classes (tf.tpu.experimental.embedding.SGD, Adagrad, Adam, FTRL,
+# ...) and this package's generated ones, all subclasses of TF's base class
+# tpu_embedding_v2_utils._Optimizer.
+Optimizer = _Optimizer
 
 # ============================================================ generated classes
 

@@ -72,6 +72,7 @@ from tensorflow.python.tpu import tpu_embedding_base
 from tensorflow.python.tpu import tpu_embedding_v2_utils
 from tensorflow.python.util import nest
 
+from tf_tpu_emb import optimizers as optimizers_lib
 from tf_tpu_emb.embedding_bag import embedding_bag
 
 _logger = logging.getLogger(__name__)
@@ -122,7 +123,7 @@ class TPUEmbeddingV0(tpu_embedding_base.TPUEmbeddingBase):
 
     def __init__(self,
                  feature_config: Union[tpu_embedding_v2_utils.FeatureConfig, Iterable],
-                 optimizer: Optional[tpu_embedding_v2_utils._Optimizer] = None, *,
+                 optimizer: "Optional[optimizers_lib.Optimizer]" = None, *,
                  variable_creator: Optional[Callable[..., tf.Variable]] = None) -> None:
         super().__init__(feature_config, optimizer)
         self._strategy = tf.distribute.get_strategy()

@@ -198,8 +198,8 @@ def _deserialize_initializer(config):
 
 def serialize_feature_config(
         feature_config: Union[v2_utils.FeatureConfig, Iterable],
-        optimizer: Optional[v2_utils._Optimizer] = None,
-        table_optimizers: Optional[Mapping[int, Optional[v2_utils._Optimizer]]] = None
+        optimizer: "Optional[optimizers_lib.Optimizer]" = None,
+        table_optimizers: "Optional[Mapping[int, Optional[optimizers_lib.Optimizer]]]" = None
 ) -> Dict[str, Any]:
     """Plain-dict form of ``feature_config`` and the global ``optimizer``.
 
@@ -267,7 +267,7 @@ def serialize_feature_config(
 
 def deserialize_feature_config(
         config: Mapping[str, Any]
-) -> Tuple[Union[v2_utils.FeatureConfig, Iterable], Optional[v2_utils._Optimizer]]:
+) -> "Tuple[Union[v2_utils.FeatureConfig, Iterable], Optional[optimizers_lib.Optimizer]]":
     """Inverse of :func:`serialize_feature_config`: ``(feature_config, optimizer)``."""
     if not isinstance(config, dict) or FORMAT_KEY not in config:
         raise ValueError("Not a serialized tf_tpu_emb feature config: %r" % (config,))

@@ -107,6 +107,7 @@ from tensorflow.python.util import nest
 from tf_tpu_emb import engine_registry
 from tf_tpu_emb import layout as layout_lib
 from tf_tpu_emb import mid_level
+from tf_tpu_emb import optimizers as optimizers_lib
 from tf_tpu_emb import signatures as signatures_lib
 from tf_tpu_emb import structure
 from tf_tpu_emb.keras import config as config_lib
@@ -203,7 +204,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
 
     def __init__(self,
                  feature_config: Union[v2_utils.FeatureConfig, Iterable, Dict[str, Any]],
-                 optimizer: Optional[Union[v2_utils._Optimizer, Dict[str, Any]]] = None,
+                 optimizer: "Optional[Union[optimizers_lib.Optimizer, Dict[str, Any]]]" = None,
                  pipeline_execution_with_tensor_core: bool = False,
                  batch_size: Optional[int] = None, *,
                  cluster: Optional["hosts_lib.EmbeddingHosts"] = None,

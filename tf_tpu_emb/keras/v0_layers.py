@@ -39,6 +39,7 @@ from tensorflow.python.tpu import tpu_embedding_v2_utils as v2_utils
 from tensorflow.python.util import nest
 
 from tf_tpu_emb import layout as layout_lib
+from tf_tpu_emb import optimizers as optimizers_lib
 from tf_tpu_emb import signatures as signatures_lib
 from tf_tpu_emb import structure
 from tf_tpu_emb.keras import config as config_lib
@@ -95,7 +96,7 @@ class TPUEmbeddingV0Layer(keras.layers.Layer):
     _tf_tpu_emb_layer = True  # models containing it get the distributed-fit fix
 
     def __init__(self, feature_config: Union[v2_utils.FeatureConfig, Iterable, Dict[str, Any]],
-                 optimizer: Optional[Union[v2_utils._Optimizer, Dict[str, Any]]] = None,
+                 optimizer: "Optional[Union[optimizers_lib.Optimizer, Dict[str, Any]]]" = None,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         distributed_fit.install_distributed_fit_fix()
