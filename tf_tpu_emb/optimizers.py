@@ -72,6 +72,22 @@ _COMMON_ARGS = (
     ("low_dimensional_packing_status", False),
 )
 
+# The annotations of the generated classes' __init__ (strings: the API
+# reference shows them as written), by argument, then by hyper-parameter kind.
+_COMMON_TYPES = {
+    "learning_rate": "Union[float, Callable[[], float]]",
+    "use_gradient_accumulation": "bool",
+    "clip_weight_min": "Optional[float]",
+    "clip_weight_max": "Optional[float]",
+    "weight_decay_factor": "Optional[float]",
+    "multiply_weight_decay_factor_by_learning_rate": "Optional[bool]",
+    "clipvalue": "Optional[Union[float, Tuple[Optional[float], Optional[float]]]]",
+    "slot_variable_creation_fn": "Optional[Callable[..., Dict[str, tf.Variable]]]",
+    "low_dimensional_packing_status": "bool",
+}
+_KIND_TYPES = {"float": "float", "bool": "bool",
+               "dynamic": "Union[None, int, Callable[[], float]]"}
+
 _COMMON_DOCS = {
     "learning_rate": "The learning rate: a float, or a callable taking no "
                      "arguments for a dynamic learning rate.",
@@ -360,6 +376,12 @@ def _make_class(info):
     namespace = {"__defaults": defaults}
     exec(src, namespace)  # pylint: disable=exec-used
     init = namespace["__init__"]
+    init.__annotations__ = dict(_COMMON_TYPES)
+    for h in info.hypers:
+        kind = _KIND_TYPES[h.kind]
+        init.__annotations__[h.arg] = (
+            "Optional[%s]" % kind if h.default is None and h.kind != "dynamic" else kind)
+    init.__annotations__ = {n: init.__annotations__[n] for n in names}
     doc = _class_doc(info, params)
     init.__qualname__ = "%s.__init__" % info.class_name
     init.__doc__ = "Optimization parameters for %s.\n\n%s" % (
