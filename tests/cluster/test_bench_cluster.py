@@ -78,7 +78,8 @@ def test_bytes_per_host_auto_form_and_host_count(lib):
 PINNED = os.path.join(harness.ROOT, "benchmarks", "bench_pinned.py")
 
 
-@pytest.mark.parametrize("net", ["direct", pytest.param("relay", marks=pytest.mark.long)])
+@pytest.mark.long
+@pytest.mark.parametrize("net", ["direct", "relay"])
 def test_pinned_quick_run_prints_every_figure(net):
     """benchmarks/bench_pinned.py (hosts and worker on disjoint cores; with
     ``--net relay`` through benchmarks/netsim_relay.py) runs, its hosts side

@@ -99,7 +99,8 @@ def test_clustered_training_equals_one_engine(hosts, engine_released, sharding, 
             emb.shutdown()
 
 
-@pytest.mark.parametrize("sharding, optimizer", [("DIV_DEFAULT", "adam"), ("MOD", "ftrl")])
+@pytest.mark.parametrize("sharding, optimizer", [
+    ("DIV_DEFAULT", "adam"), pytest.param("MOD", "ftrl", marks=pytest.mark.long)])
 def test_two_worker_processes_train_one_model(hosts, engine_released, tmp_path, sharding,
                                               optimizer):
     """Worker 0 (this process) and worker 1 (a child process) each drive one

@@ -81,6 +81,7 @@ def test_demo_metrics(demo_run):
     assert all(0.0 < p < 1.0 for p in scores["probability"])
 
 
+@pytest.mark.long
 def test_two_hosts_give_the_single_process_auc(demo_run, two_hosts):
     out, result = demo_run
     assert result.returncode == 0, result.stderr[-3000:]
@@ -95,6 +96,7 @@ def test_two_hosts_give_the_single_process_auc(demo_run, two_hosts):
     assert abs(one["final"]["train_loss"] - sharded["final"]["train_loss"]) < 1e-3
 
 
+@pytest.mark.long
 def test_two_hosts_write_every_output(two_hosts):
     result, two = two_hosts
     assert two["serving_scores"]["matches_in_process"]
@@ -103,6 +105,7 @@ def test_two_hosts_write_every_output(two_hosts):
         assert key in two["files"]
 
 
+@pytest.mark.long
 def test_the_hosts_are_stopped_at_the_end(two_hosts):
     result, _ = two_hosts
     match = re.search(r"over 2 embedding hosts: (\S+), (\S+)", result.stdout)

@@ -78,7 +78,7 @@ def test_training_equals_the_global_batch_model(tmp_path, opt, replicas):
         assert np.abs(np.array(result["final"][name]) - result["initial"][name]).max() > 1e-3
 
 
-@pytest.mark.parametrize("opt", ["sgd", "adam"])
+@pytest.mark.parametrize("opt", ["sgd", pytest.param("adam", marks=pytest.mark.long)])
 def test_in_place_update_equals_tfs_functional_path(tmp_path, monkeypatch, opt):
     """Seam 7 (tf_tpu_emb/tpu/embedding_v2.py): in a traced step every
     gradient op's table and slots are updated in place (one InPlace op per
@@ -96,7 +96,7 @@ def test_in_place_update_equals_tfs_functional_path(tmp_path, monkeypatch, opt):
     assert_equals_model(slow, opt)
 
 
-@pytest.mark.parametrize("replicas", [1, 2])
+@pytest.mark.parametrize("replicas", [pytest.param(1, marks=pytest.mark.long), 2])
 @pytest.mark.parametrize("opt", ["sgd", "adagrad"])
 def test_pipelined_lookups_are_one_step_old(tmp_path, opt, replicas):
     """pipeline_execution_with_tensor_core=True (seam 8, semantics
