@@ -46,8 +46,14 @@ elif MODE == "session":
             print("waiting", flush=True)
             session.run(op)
 elif MODE == "function":
+    # Traced first: "waiting" must come just before the wait.  A SIGINT that
+    # arrives before the Recv waits (here, during a trace, which takes seconds
+    # under ASan on a loaded machine) goes to Python's handler, and the
+    # KeyboardInterrupt comes only once the main thread is back from C++:
+    # after the step's timeout when the step then waits.
+    step = tf.function(recv).get_concrete_function()
     print("waiting", flush=True)
-    tf.function(recv)()
+    step()
 else:
     print("waiting", flush=True)
     try:
