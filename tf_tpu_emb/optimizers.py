@@ -45,8 +45,8 @@ from tensorflow.python.tpu import tpu_embedding_v2_utils as _v2_utils
 
 from tf_tpu_emb import ops as _ops
 from tf_tpu_emb.optimizer_specs import (  # noqa: F401  (re-exported)
-    BY_PROTO_FIELD, BY_TF_CLASS, NON_NEGATIVE, OPTIMIZERS, POSITIVE, REQUIRED, UNIT,
-    UNIT_OPEN, Check, CrossCheck, Hyper, OptimizerInfo)
+    BOOL, BY_PROTO_FIELD, BY_TF_CLASS, DYNAMIC, FLOAT, NON_NEGATIVE, OPTIMIZERS, POSITIVE,
+    REQUIRED, UNIT, UNIT_OPEN, Check, CrossCheck, Hyper, OptimizerInfo)
 
 _Optimizer = _v2_utils._Optimizer  # pylint: disable=protected-access
 # What an optimizer argument of this package takes (the annotations' name):
@@ -85,8 +85,7 @@ _COMMON_TYPES = {
     "slot_variable_creation_fn": "Optional[Callable[..., Dict[str, tf.Variable]]]",
     "low_dimensional_packing_status": "bool",
 }
-_KIND_TYPES = {"float": "float", "bool": "bool",
-               "dynamic": "Union[None, int, Callable[[], float]]"}
+_KIND_TYPES = {FLOAT: "float", BOOL: "bool", DYNAMIC: "Union[None, int, Callable[[], float]]"}
 
 _COMMON_DOCS = {
     "learning_rate": "The learning rate: a float, or a callable taking no "
@@ -376,12 +375,10 @@ def _make_class(info):
     namespace = {"__defaults": defaults}
     exec(src, namespace)  # pylint: disable=exec-used
     init = namespace["__init__"]
-    init.__annotations__ = dict(_COMMON_TYPES)
-    for h in info.hypers:
-        kind = _KIND_TYPES[h.kind]
-        init.__annotations__[h.arg] = (
-            "Optional[%s]" % kind if h.default is None and h.kind != "dynamic" else kind)
-    init.__annotations__ = {n: init.__annotations__[n] for n in names}
+    types = dict(_COMMON_TYPES, **{
+        h.arg: "Optional[%s]" % _KIND_TYPES[h.kind] if h.default is None and h.kind != DYNAMIC
+        else _KIND_TYPES[h.kind] for h in info.hypers})
+    init.__annotations__ = {n: types[n] for n in names}
     doc = _class_doc(info, params)
     init.__qualname__ = "%s.__init__" % info.class_name
     init.__doc__ = "Optimization parameters for %s.\n\n%s" % (
