@@ -1,5 +1,7 @@
 // The one huge-page allocation of the library: buffers 2 MiB aligned, whole
-// huge pages long and advised for transparent huge pages.  The engine's
+// huge pages long and advised for transparent huge pages; and the advice for
+// a buffer someone else allocated (the JAX handlers' tables, which XLA
+// owns: AdviseBuffer).  The engine's
 // tables and slots (engine/table.cc's FloatBuffer) and the SparseCore
 // variables the in-place updates move (kernels/sparsecore/huge_page_allocator.h,
 // a TF Allocator over these functions) take their memory here: their rows are
@@ -12,9 +14,19 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
+
+// Linux 6.1's synchronous collapse into huge pages; older C libraries do
+// not name it, older kernels answer EINVAL (then only the advice holds).
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE 25
+#endif
 
 namespace tf_tpu_emb {
 namespace huge_pages {
@@ -55,6 +67,46 @@ inline bool Available() {
     return !modes.empty() && modes.find("[never]") == std::string::npos;
   }();
   return available;
+}
+
+// The whole huge pages inside a buffer that was not allocated here, [p, p +
+// bytes): advised for transparent huge pages, so that its pages faulted from
+// now on are huge (a buffer about to be written for the first time), and,
+// with `collapse`, made huge now (its pages are already there: the kernel
+// copies them into huge pages once; a few hundred ms a GiB).  Buffers under
+// `min_bytes` and systems without huge pages are left alone.  Only a hint:
+// the contents never change, and callers ignore the result, which says
+// whether the collapse was asked for and the kernel did it (tests/cpp).
+inline bool AdviseRange(void* p, size_t bytes, bool collapse, size_t min_bytes = size_t{4} << 20) {
+  if (bytes < min_bytes || !Available()) return false;
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + kHugePage - 1) / kHugePage * kHugePage;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes) / kHugePage * kHugePage;
+  if (end <= begin) return false;
+  void* start = reinterpret_cast<void*>(begin);
+#ifdef MADV_HUGEPAGE
+  madvise(start, end - begin, MADV_HUGEPAGE);
+#endif
+  return collapse && madvise(start, end - begin, MADV_COLLAPSE) == 0;
+}
+
+// A buffer that persists between calls and is updated in place where it
+// lies (a donated JAX variable): collapsed into huge pages the first time
+// it is seen (AdviseRange); later calls with the same buffer cost a lookup
+// in a short list of the buffers collapsed last.  A buffer freed and another
+// allocated at the same address is not collapsed again, which costs speed
+// only.
+inline void AdvisePersistent(void* p, size_t bytes) {
+  static std::mutex mu;
+  static std::vector<std::pair<void*, size_t>> seen;  // the newest last, at most kKeep
+  constexpr size_t kKeep = 64;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    const std::pair<void*, size_t> key(p, bytes);
+    if (std::find(seen.begin(), seen.end(), key) != seen.end()) return;
+    if (seen.size() == kKeep) seen.erase(seen.begin());
+    seen.push_back(key);
+  }
+  AdviseRange(p, bytes, /*collapse=*/true);
 }
 
 }  // namespace huge_pages

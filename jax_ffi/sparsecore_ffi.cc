@@ -26,6 +26,7 @@
 
 #include "core/cpu_dispatch.h"
 #include "core/csr_gather.h"
+#include "core/huge_pages.h"
 #include "core/row_runs.h"
 #include "core/sparsecore.h"
 #include "core/sparsecore_optimizers.gen.h"
@@ -488,8 +489,20 @@ ffi::Error GradImpl(ffi::Buffer<ffi::S32> rp, ffi::Buffer<ffi::S32> ids,
       e.failure()) {
     return e;
   }
+  // The table and slots' rows are read and written at random: with 4 KiB
+  // pages nearly every row is a TLB miss, and XLA's buffers are not advised
+  // for huge pages (the TF kernels move theirs into huge pages instead,
+  // kernels/sparsecore/huge_page_allocator.h; benchmarks/RESULTS.md,
+  // issue 38).  A donated variable, updated where it lies, is collapsed
+  // into huge pages once; a new result is advised before it is written.
   for (int64_t v = 0; v < nvars; ++v) {
-    if (out[v] != in[v]) std::memcpy(out[v], in[v], sizeof(float) * table_elems);
+    const size_t bytes = sizeof(float) * table_elems;
+    if (out[v] == in[v]) {
+      huge_pages::AdvisePersistent(out[v], bytes);
+    } else {
+      huge_pages::AdviseRange(out[v], bytes, /*collapse=*/false);
+      std::memcpy(out[v], in[v], bytes);
+    }
   }
   const ClippedUpdate update{opt, hyper, scalar[0], clip_min, min_value, clip_max, max_value};
   // The lambdas run on other threads too: they must not name the thread_locals.

@@ -1,14 +1,21 @@
 // Unit tests of core/ (header-only semantics shared by the op definitions and
 // the engine), against values written by hand from
 // docs/tpu_embedding_semantics.md.  Built and run by tests/cpp/build.py.
+#include <sys/mman.h>
+
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
+#include <fstream>
 #include <limits>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "core/bag.h"
 #include "core/bf16.h"
 #include "core/config.h"
+#include "core/huge_pages.h"
 #include "core/optimizers.h"
 #include "core/sparsecore.h"
 #include "tests/cpp/unit.h"
@@ -307,6 +314,53 @@ TEST(AdagradFormula) {
   ASSERT_TRUE(spec != nullptr);
   EXPECT_EQ(spec->slots.size(), size_t{1});
   EXPECT_EQ(std::string(spec->slots[0].name), std::string("accumulators"));
+}
+
+// The kB of AnonHugePages /proc/self/smaps gives the mapping holding `p`.
+int64_t HugeKbAt(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    uintptr_t lo, hi;
+    char dash;
+    std::istringstream head(line);
+    if (line.find(':') > line.find(' ') && (head >> std::hex >> lo >> dash >> hi) && dash == '-') {
+      inside = a >= lo && a < hi;
+    } else if (inside && line.rfind("AnonHugePages:", 0) == 0) {
+      return std::stoll(line.substr(14));
+    }
+  }
+  return -1;
+}
+
+// core/huge_pages.h's advice for a buffer allocated elsewhere (the JAX
+// handlers' donated tables): the contents stay as they were; where the
+// kernel reports the collapse done, the range is backed by huge pages.
+TEST(HugePagesAdviseRangeKeepsContents) {
+  const size_t bytes = size_t{12} << 20;
+  void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_TRUE(m != MAP_FAILED);
+  // Not 2 MiB aligned on purpose: only the whole huge pages inside count.
+  float* f = reinterpret_cast<float*>(static_cast<char*>(m) + 4096);
+  const size_t n = (bytes - 8192) / sizeof(float);
+  for (size_t i = 0; i < n; ++i) f[i] = static_cast<float>(i % 1000003) * 0.5f;
+  EXPECT_TRUE(!huge_pages::AdviseRange(f, size_t{1} << 20, true));  // under the minimum
+  errno = 0;
+  const bool collapsed = huge_pages::AdviseRange(f, n * sizeof(float), true);
+  const int why = errno;
+  bool same = true;
+  for (size_t i = 0; i < n; ++i) same = same && f[i] == static_cast<float>(i % 1000003) * 0.5f;
+  EXPECT_TRUE(same);
+  if (collapsed) {
+    EXPECT_TRUE(HugeKbAt(f + n / 2) >= 2048);
+  } else if (huge_pages::Available()) {
+    // No collapse: a kernel before 6.1 (EINVAL) or no huge page free now.
+    EXPECT_TRUE(why == EINVAL || why == EAGAIN || why == ENOMEM);
+  }
+  huge_pages::AdvisePersistent(f, n * sizeof(float));  // listed once, then a lookup
+  huge_pages::AdvisePersistent(f, n * sizeof(float));
+  munmap(m, bytes);
 }
 
 }  // namespace
