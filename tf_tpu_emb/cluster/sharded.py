@@ -212,7 +212,9 @@ class ShardedEngine(backend.Backend):
         sessions = []
         for k in range(self.num_hosts):
             with tf.device(self._device(k)):
-                sessions.append(int(ops.tpu_embedding_host_session(engine=self.engine)))
+                # .numpy(): a lazy build runs this inside a traced step, where
+                # autograph would make int() of a tensor a cast.
+                sessions.append(int(ops.tpu_embedding_host_session(engine=self.engine).numpy()))
         if len(set(sessions)) > 1:
             raise tf.errors.FailedPreconditionError(
                 None, None, "the embedding hosts' engines {!r} belong to different sessions "
