@@ -589,6 +589,7 @@ absl::Status Engine::Init(const std::string& config_bytes, int host_id) {
   }
 
   queues_.resize(num_replicas_);
+  routed_sequence_.assign(num_replicas_, 0);
   in_flight_.resize(num_replicas_);
   in_flight_state_.assign(num_replicas_, kNoBatch);
   parts_.resize(num_replicas_);

@@ -155,6 +155,18 @@ class Engine : public ::tensorflow::ResourceBase {
   // Queues `batch` for `replica` and resumes the oldest Recv waiting on
   // that replica (only that replica), if its step allows.
   void Enqueue(int replica, Batch batch);
+  // An embedding host's routed batches (engine/routing.h, "Packet
+  // integrity"): the session of the model whose router may feed this
+  // engine (ConfigureTPUEmbeddingHostShard's `session`; set before the
+  // engine is installed), and the enqueue of a routed batch, refused with
+  // FailedPrecondition naming `op`, this host, the replica and the sequence
+  // when replica's queue already took that sequence or a later one (a
+  // replayed packet); nothing changes then.  An engine without a session
+  // (0: fed by hand, the benchmarks of the hosts' kernels) checks no
+  // sequence.
+  uint64_t routed_session() const { return routed_session_; }
+  void set_routed_session(uint64_t session) { routed_session_ = session; }
+  absl::Status EnqueueRouted(const std::string& op, int replica, Batch batch);
   // Recv's wait: the next batch of `replica` once one is enqueued and,
   // unless the config pipelines execution, the step this replica sent
   // gradients for has been applied.  Returns true when that holds now
@@ -241,7 +253,9 @@ class Engine : public ::tensorflow::ResourceBase {
 
   std::mutex queue_mu_;
   std::vector<std::deque<Batch>> queues_;  // per replica
-  std::vector<Batch> in_flight_;           // per replica
+  uint64_t routed_session_ = 0;
+  std::vector<int64_t> routed_sequence_;  // per replica: the last routed batch enqueued
+  std::vector<Batch> in_flight_;          // per replica
   // What replica r's in-flight batch is (Send accepts only a training one).
   enum InFlight { kNoBatch, kTraining, kInference };
   std::vector<InFlight> in_flight_state_;  // per replica

@@ -65,63 +65,104 @@ class RoutedMapper : public InputMapper {
         absl::StrCat(mapping::Describe(op_, e, o, o), ": the routed batch: ", what));
   }
 
+  // "host k of S" (this engine).
+  static std::string Host(const Engine& e) {
+    return absl::StrCat("host ", e.host_id(), " of ", e.num_hosts());
+  }
+
+  // The packet's integrity and layout, in engine/routing.h's order
+  // ("Packet integrity"): nothing of `data` is trusted before its checksum.
   absl::Status ReadHeader(const Engine& e, const char* data, int64_t size, View* v) const {
     const int outputs = e.outputs().size();
     const int64_t fixed = (packed::kHeaderWords + packed::kOutputWords * int64_t{outputs}) * 8;
     int64_t h[packed::kHeaderWords];
     if (size < packed::kHeaderWords * 8) {
-      return absl::InvalidArgumentError(absl::StrCat(op_, ": the packed batch has ", size,
-                                                     " bytes; not a batch made by "
-                                                     "RouteTPUEmbeddingArbitraryTensorBatch"));
+      return absl::DataLossError(absl::StrCat(op_, ": ", Host(e), ": the routed packet has ", size,
+                                              " bytes, fewer than its ", packed::kHeaderWords * 8,
+                                              "-byte header: truncated (or not a batch made by "
+                                              "RouteTPUEmbeddingArbitraryTensorBatch)"));
     }
     std::memcpy(h, data, sizeof h);
     if (h[0] != packed::kMagic || h[1] != packed::kVersion) {
       return absl::InvalidArgumentError(
-          absl::StrCat(op_,
+          absl::StrCat(op_, ": ", Host(e),
                        ": not a packed batch of this tf_tpu_emb version (made by "
                        "RouteTPUEmbeddingArbitraryTensorBatch of the same library on the worker)"));
     }
+    const std::string packet = absl::StrCat("routed packet #", h[7], " (", size, " bytes)");
+    // The layout the header gives: a packet shorter than it is truncated.
+    absl::Status layout = absl::OkStatus();
+    int64_t at = fixed;
+    if (h[4] == outputs && size < fixed) {
+      return absl::DataLossError(absl::StrCat(op_, ": ", Host(e), ": the ", packet,
+                                              " is truncated: its header and output words "
+                                              "alone take ",
+                                              fixed, " bytes"));
+    }
     const bool filter = h[6] == 1;
+    if (h[4] == outputs) {
+      const int64_t* meta = reinterpret_cast<const int64_t*>(data) + packed::kHeaderWords;
+      for (int o = 0; o < outputs; ++o) {
+        const int64_t* m = meta + packed::kOutputWords * o;
+        Part part{m[0], m[1], m[2], m[3], nullptr};
+        const int64_t limit = int64_t{1} << 40;
+        if ((part.form != packed::kBags && part.form != packed::kRows) || part.bags < 0 ||
+            part.ids < 0 || part.bags > limit || part.ids > limit ||
+            (part.flags & ~int64_t{packed::kWeights | packed::kScales | packed::kIds64}) != 0 ||
+            (part.form == packed::kRows &&
+             (part.bags != part.ids || filter || (part.flags & ~int64_t{packed::kIds64}) != 0))) {
+          layout = Error(e, o,
+                         absl::StrCat("bad layout (form ", part.form, ", ", part.bags, " bags, ",
+                                      part.ids, " ids, flags ", part.flags, ")"));
+          break;
+        }
+        part.at = data + at;
+        at += PayloadBytes(static_cast<packed::Form>(part.form), part.bags, part.ids, part.flags);
+        v->parts.push_back(part);
+      }
+      if (layout.ok() && at > size) {
+        return absl::DataLossError(absl::StrCat(op_, ": ", Host(e), ": the ", packet,
+                                                " is truncated: its header lays out ", at,
+                                                " bytes"));
+      }
+    }
+    const uint64_t checksum = packed::Checksum(data, size);
+    if (static_cast<uint64_t>(h[packed::kChecksumWord]) != checksum) {
+      return absl::DataLossError(absl::StrCat(op_, ": ", Host(e), ": the ", packet,
+                                              " is corrupt: its checksum is ",
+                                              static_cast<uint64_t>(h[packed::kChecksumWord]),
+                                              " but its bytes give ", checksum));
+    }
+    // Intact: what the router wrote, checked against this host's engine.
     if (h[2] != e.num_hosts() || (filter ? h[3] != -1 : h[3] != e.host_id())) {
       return absl::InvalidArgumentError(absl::StrCat(op_, ": the batch was routed for host ", h[3],
                                                      " of ", h[2], " but this engine is host ",
                                                      e.host_id(), " of ", e.num_hosts(),
                                                      " (ConfigureTPUEmbeddingHostShard)"));
     }
-    if (h[4] != outputs || (h[5] != 0 && h[5] != 1) || (h[6] != 0 && h[6] != 1) || size < fixed) {
+    if (h[4] != outputs || (h[5] != 0 && h[5] != 1) || (h[6] != 0 && h[6] != 1)) {
       return absl::InvalidArgumentError(absl::StrCat(op_, ": the batch has ", h[4], " outputs (",
                                                      size,
                                                      " bytes) but the engine's config "
                                                      "has ",
                                                      outputs));
     }
-    v->training = h[5] == 1;
-    v->filter = filter;
-    v->sequence = h[7];
-    const int64_t* meta = reinterpret_cast<const int64_t*>(data) + packed::kHeaderWords;
-    int64_t at = fixed;
-    for (int o = 0; o < outputs; ++o) {
-      const int64_t* m = meta + packed::kOutputWords * o;
-      Part part{m[0], m[1], m[2], m[3], nullptr};
-      const int64_t limit = int64_t{1} << 40;
-      if ((part.form != packed::kBags && part.form != packed::kRows) || part.bags < 0 ||
-          part.ids < 0 || part.bags > limit || part.ids > limit ||
-          (part.flags & ~int64_t{packed::kWeights | packed::kScales | packed::kIds64}) != 0 ||
-          (part.form == packed::kRows &&
-           (part.bags != part.ids || filter || (part.flags & ~int64_t{packed::kIds64}) != 0))) {
-        return Error(e, o,
-                     absl::StrCat("bad layout (form ", part.form, ", ", part.bags, " bags, ",
-                                  part.ids, " ids, flags ", part.flags, ")"));
-      }
-      part.at = data + at;
-      at += PayloadBytes(static_cast<packed::Form>(part.form), part.bags, part.ids, part.flags);
-      if (at > size) return Error(e, o, absl::StrCat("the batch is truncated at ", size, " bytes"));
-      v->parts.push_back(part);
-    }
+    TF_RETURN_IF_ERROR(layout);
     if (at != size) {
       return absl::InvalidArgumentError(
           absl::StrCat(op_, ": the packed batch has ", size, " bytes; its layout says ", at));
     }
+    const uint64_t session = static_cast<uint64_t>(h[packed::kSessionWord]);
+    if (session != e.routed_session()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          op_, ": ", Host(e), " belongs to session ", e.routed_session(), " but the ", packet,
+          " was routed for session ", session,
+          ": a packet of another model or trainer (ConfigureTPUEmbeddingHostShard's session and "
+          "RouteTPUEmbeddingArbitraryTensorBatch's must be the same)"));
+    }
+    v->training = h[5] == 1;
+    v->filter = filter;
+    v->sequence = h[7];
     return absl::OkStatus();
   }
 
@@ -251,6 +292,16 @@ class RoutedMapper : public InputMapper {
 
 std::unique_ptr<InputMapper> RoutedBatchMapper(std::string op) {
   return std::make_unique<RoutedMapper>(std::move(op));
+}
+
+absl::Status EnqueueRoutedBatch(const InputMapper& mapper, const std::string& op, Engine* engine,
+                                int replica, const ::tensorflow::Tensor& packet,
+                                ::tsl::thread::ThreadPool* pool) {
+  EnqueueInputs in;
+  in.ids = {&packet};
+  Batch batch;
+  TF_RETURN_IF_ERROR(mapper.Map(*engine, in, pool, &batch));
+  return engine->EnqueueRouted(op, replica, std::move(batch));
 }
 
 }  // namespace tf_tpu_emb

@@ -10,11 +10,22 @@
 #include <memory>
 #include <string>
 
+#include "absl/status/status.h"
+#include "engine/engine.h"
 #include "engine/input_mappers.h"
 
 namespace tf_tpu_emb {
 
 std::unique_ptr<InputMapper> RoutedBatchMapper(std::string op);
+
+// EnqueueTPUEmbeddingRoutedBatch's work (its kernel and the fuzz target
+// fuzz/targets/host_packets.cc call it): `packet` mapped by `mapper` (a
+// RoutedBatchMapper) and queued on `replica` unless the host's replica took
+// that sequence already (Engine::EnqueueRouted).  A refused packet changes
+// nothing.
+absl::Status EnqueueRoutedBatch(const InputMapper& mapper, const std::string& op, Engine* engine,
+                                int replica, const ::tensorflow::Tensor& packet,
+                                ::tsl::thread::ThreadPool* pool);
 
 }  // namespace tf_tpu_emb
 

@@ -10,7 +10,9 @@
 #include <map>
 #include <utility>
 
+#include "absl/crc/crc32c.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "core/bag.h"
 #include "core/cpu_dispatch.h"
 #include "engine/mapper_base.h"
@@ -34,6 +36,15 @@ absl::Status ParseRouteChoice(const std::string& form, RouteChoice* choice) {
 }
 
 void PutSequence(int64_t sequence, float* out) { std::memcpy(out, &sequence, sizeof sequence); }
+
+uint32_t packed::Checksum(const char* data, int64_t size) {
+  static constexpr char kZero[8] = {};
+  constexpr int64_t at = kChecksumWord * 8;
+  absl::crc32c_t crc = absl::ComputeCrc32c(absl::string_view(data, at));
+  crc = absl::ExtendCrc32c(crc, absl::string_view(kZero, 8));
+  crc = absl::ExtendCrc32c(crc, absl::string_view(data + at + 8, size - at - 8));
+  return static_cast<uint32_t>(crc);
+}
 
 int64_t GetSequence(const float* in) {
   int64_t sequence;
@@ -423,7 +434,9 @@ absl::Status Router::Pack(const RoutePlan& plan, const std::vector<char*>& out,
                                                   outputs,
                                                   plan.batch.training ? 1 : 0,
                                                   plan.host_filter ? 1 : 0,
-                                                  plan.sequence};
+                                                  plan.sequence,
+                                                  static_cast<int64_t>(plan.session),
+                                                  0};
     std::memcpy(h, header, sizeof header);
     for (int o = 0; o < outputs; ++o) {
       const RoutedOutput& r = plan.outputs[o];
@@ -443,7 +456,7 @@ absl::Status Router::Pack(const RoutePlan& plan, const std::vector<char*>& out,
       meta[3] = flags;
     }
   }
-  return ParallelForStatus(pool, outputs, [&](int o) {
+  TF_RETURN_IF_ERROR(ParallelForStatus(pool, outputs, [&](int o) {
     const RoutedOutput& r = plan.outputs[o];
     const OutputBatch& ob = plan.batch.outputs[o];
     const int64_t bags = ob.offsets.size() - 1;
@@ -495,6 +508,12 @@ absl::Status Router::Pack(const RoutePlan& plan, const std::vector<char*>& out,
       }
       touched.clear();
     }
+    return absl::OkStatus();
+  }));
+  // Last, each packet's checksum over its final bytes.
+  return ParallelForStatus(pool, hosts, [&](int k) {
+    const uint64_t sum = packed::Checksum(out[k], plan.host_bytes[k]);
+    std::memcpy(out[k] + packed::kChecksumWord * 8, &sum, sizeof sum);
     return absl::OkStatus();
   });
 }

@@ -70,19 +70,35 @@ namespace tf_tpu_emb {
 
 // Packed batch of one host (a uint8 tensor, native byte order; written and
 // read by this library): int64 words kMagic, kVersion, num_hosts, host_id,
-// num_outputs, training, host_filter, sequence; per output four int64
-// (form, bags, ids, flags); then per output its arrays, each starting at a
-// multiple of 8 bytes:
+// num_outputs, training, host_filter, sequence, session, checksum; per
+// output four int64 (form, bags, ids, flags); then per output its arrays,
+// each starting at a multiple of 8 bytes:
 //   bags form: int32 length[bags]; ids[ids] (int32, or int64 with kIds64);
 //              float weight[ids] (kWeights); float scale[bags] (kScales)
 //   rows form: ids[ids] (bags == ids)
 // A host's Recv output and its gradients are float32 vectors: per output
 // bags x dim floats, in output order; then (gradients) one float per
 // dynamic learning rate; then two floats carrying the sequence's bits.
+//
+// Packet integrity (what a host checks before it builds anything, in this
+// order; engine/routed_mapper.cc): the header's size, magic and version;
+// the packet's length against the layout its header gives (a shorter one is
+// truncated: DataLoss); the checksum, CRC32C of every byte with the
+// checksum word zero (DataLoss: corrupt); the layout (InvalidArgument); the
+// session, the random 64-bit id the sharded model's configure gave every
+// host (ConfigureTPUEmbeddingHostShard's `session`) and its router stamps
+// on every packet (FailedPrecondition: a packet of another model or
+// trainer); then, as it enqueues, the sequence, which must exceed the last
+// one the host's replica took (FailedPrecondition: a replayed packet,
+// Engine::EnqueueRouted; not checked by an engine configured without a
+// session, 0, which takes packets of session 0 only: hosts' kernels fed by
+// hand, as benchmarks/cluster_breakdown.py does).  A refused packet changes
+// nothing on the host.
 namespace packed {
 inline constexpr int64_t kMagic = 0x5454454d42524f55;  // "TTEMBROU"
-inline constexpr int64_t kVersion = 1;
-inline constexpr int kHeaderWords = 8;
+inline constexpr int64_t kVersion = 2;
+inline constexpr int kHeaderWords = 10;
+inline constexpr int kSessionWord = 8, kChecksumWord = 9;
 inline constexpr int kOutputWords = 4;
 enum Form : int64_t { kBags = 0, kRows = 1 };
 inline constexpr int64_t kWeights = 1, kScales = 2, kIds64 = 4;  // flags
@@ -95,6 +111,9 @@ inline int64_t PayloadBytes(Form form, int64_t bags, int64_t ids, int64_t flags)
   return Align8(bags * 4) + Align8(ids * id_bytes) + ((flags & kWeights) ? Align8(ids * 4) : 0) +
          ((flags & kScales) ? Align8(bags * 4) : 0);
 }
+// The checksum of a packet of `size` >= kHeaderWords * 8 bytes: CRC32C of
+// its bytes with the checksum word read as zero.
+uint32_t Checksum(const char* data, int64_t size);
 }  // namespace packed
 
 // How the worker routes: the smaller form per output and step, one form,
@@ -144,6 +163,7 @@ struct RoutedOutput {
 struct RoutePlan {
   Batch batch;
   int64_t sequence = 0;
+  uint64_t session = 0;  // the hosts' session (Route's `session` attr)
   bool host_filter = false;
   std::vector<RoutedOutput> outputs;
   // Per host: floats of its Recv output / gradients (without the rates and

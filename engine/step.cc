@@ -30,6 +30,24 @@ void Engine::Enqueue(int replica, Batch batch) {
   ReleaseWaiters(replica, replica + 1);
 }
 
+absl::Status Engine::EnqueueRouted(const std::string& op, int replica, Batch batch) {
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    int64_t& last = routed_sequence_[replica];
+    if (routed_session_ != 0 && batch.sequence <= last) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          op, ": host ", host_id_, " of ", num_hosts_, ", replica ", replica, ": routed batch #",
+          batch.sequence,
+          " is a replayed packet: this host's replica has already taken routed batch #", last,
+          " (a router's sequence only grows)"));
+    }
+    last = batch.sequence;
+    queues_[replica].push_back(std::move(batch));
+  }
+  ReleaseWaiters(replica, replica + 1);
+  return absl::OkStatus();
+}
+
 bool Engine::RecvReady(int replica) const {
   if (!step_errors_[replica].empty()) return true;
   if ((applying_ && !EarlyRecvLocked(replica)) || (!pipelined_ && parts_[replica])) {

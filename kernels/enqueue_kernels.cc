@@ -160,6 +160,7 @@ class RouteOp : public OpKernel {
     std::string form;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("form", &form));
     OP_REQUIRES_OK(ctx, ParseRouteChoice(form, &choice_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("session", &session_));
     host_filter_ = choice_ == RouteChoice::kHostFilter;
     mapper_ = InputMapper::ArbitraryTensorBatch(op_, std::move(combiners));
   }
@@ -182,6 +183,7 @@ class RouteOp : public OpKernel {
     OP_REQUIRES_OK(ctx, mapper_->Map(e, in, CpuPool(ctx), &batch));
     auto plan = std::make_unique<RoutePlan>();
     OP_REQUIRES_OK(ctx, router->Plan(std::move(batch), choice_, CpuPool(ctx), plan.get()));
+    plan->session = static_cast<uint64_t>(session_);
     const int hosts = router->num_hosts();
     std::vector<char*> out(hosts);
     Tensor* shared = nullptr;
@@ -210,13 +212,16 @@ class RouteOp : public OpKernel {
   std::string config_, router_;
   int replica_ = 0;
   RouteChoice choice_ = RouteChoice::kAuto;
+  int64_t session_ = 0;  // the hosts' session, stamped on every packet
   bool host_filter_ = false;
   std::unique_ptr<InputMapper> mapper_;
 };
 
 // EnqueueTPUEmbeddingRoutedBatch: a host's part of a routed batch (the
 // packed tensor RouteTPUEmbeddingArbitraryTensorBatch made for it), checked
-// whole against this host's engine, then queued like any batch.
+// whole against this host's engine (integrity, session, layout, contents;
+// engine/routing.h "Packet integrity"), then queued like any batch unless
+// its sequence was taken already (a replay).
 class EnqueueRoutedOp : public OpKernel {
  public:
   explicit EnqueueRoutedOp(OpKernelConstruction* ctx)
@@ -228,11 +233,8 @@ class EnqueueRoutedOp : public OpKernel {
     EngineRef engine;
     int replica = 0;
     OP_REQUIRES_OK(ctx, engine.AcquireForReplica(ctx, op_, &replica, device_ordinal_));
-    EnqueueInputs in;
-    in.ids = {&ctx->input(0)};
-    Batch batch;
-    OP_REQUIRES_OK(ctx, mapper_->Map(*engine, in, CpuPool(ctx), &batch));
-    engine->Enqueue(replica, std::move(batch));
+    OP_REQUIRES_OK(ctx, EnqueueRoutedBatch(*mapper_, op_, &*engine, replica, ctx->input(0),
+                                           CpuPool(ctx)));
   }
 
  private:

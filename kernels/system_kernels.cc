@@ -68,6 +68,7 @@ class ConfigureOp : public OpKernel {
       OP_REQUIRES_OK(ctx, ctx->GetAttr("host_id", &host_id_));
       OP_REQUIRES_OK(ctx, ctx->GetAttr("lease_seconds", &lease_seconds_));
       OP_REQUIRES_OK(ctx, ctx->GetAttr("takeover", &takeover_));
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("session", &session_));
     }
   }
   void Compute(OpKernelContext* ctx) override {
@@ -77,6 +78,7 @@ class ConfigureOp : public OpKernel {
     if (leased) OP_REQUIRES_OK(ctx, Engine::EvictLeases(engine_, takeover_));
     EnginePtr engine;
     OP_REQUIRES_OK(ctx, Engine::Create(config_, &engine, host_id_));
+    engine->set_routed_session(static_cast<uint64_t>(session_));
     OP_REQUIRES_OK(ctx, leased ? Engine::InstallLeased(std::move(engine), engine_, lease_seconds_)
                                : Engine::Install(std::move(engine), engine_));
   }
@@ -86,6 +88,7 @@ class ConfigureOp : public OpKernel {
   int host_id_ = -1;  // -1: TF's whole-table configure
   float lease_seconds_ = 0;
   bool takeover_ = false;
+  int64_t session_ = 0;
   const std::string engine_;
 };
 
@@ -157,6 +160,26 @@ class LeasedEngineOp : public OpKernel {
   }
 };
 
+class HostSessionOp : public OpKernel {
+ public:
+  explicit HostSessionOp(OpKernelConstruction* ctx)
+      : OpKernel(ctx), engine_(EngineName(ctx->def())) {}
+  void Compute(OpKernelContext* ctx) override {
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    Engine* engine = nullptr;
+    int64_t session = 0;
+    if (Engine::Current(name(), &engine, engine_).ok()) {
+      session = static_cast<int64_t>(engine->routed_session());
+      engine->Unref();
+    }
+    out->scalar<int64_t>()() = session;
+  }
+
+ private:
+  const std::string engine_;
+};
+
 class ShutdownRouterOp : public OpKernel {
  public:
   explicit ShutdownRouterOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -171,6 +194,7 @@ class ShutdownRouterOp : public OpKernel {
 bool RegisterKernels() {
   RegisterCpuKernel<RenewLeaseOp>("RenewTPUEmbeddingLease", /*core=*/false);
   RegisterCpuKernel<LeasedEngineOp>("LeasedTPUEmbeddingEngine", /*core=*/false);
+  RegisterCpuKernel<HostSessionOp>("TPUEmbeddingHostSession", /*core=*/false);
   RegisterCpuKernel<ClaimHostOp>("ClaimTPUEmbeddingHost", /*core=*/false);
   RegisterCpuKernel<TPUEmbeddingActivationsOp>("TPUEmbeddingActivations");
   RegisterCpuKernel<ConfigureOp>("ConfigureTPUEmbedding");

@@ -30,12 +30,16 @@ using ::tensorflow::shape_inference::ShapeHandle;
 // Load/Retrieve(num_shards=num_hosts, shard_id=host_id) address.
 // With lease_seconds > 0 the engine is a trainer's host lease (README
 // "Running on several machines"; Engine::EvictLeases): refused while another
-// lease runs unless `takeover`, kept by RenewTPUEmbeddingLease.
+// lease runs unless `takeover`, kept by RenewTPUEmbeddingLease.  `session`:
+// the sharded model's session id; the host takes only routed packets
+// stamped with it, and refuses replays unless it is 0 (engine/routing.h,
+// "Packet integrity").
 TTE_OP("ConfigureTPUEmbeddingHostShard")
     .Attr("config: string")
     .Attr("host_id: int >= 0")
     .Attr("lease_seconds: float = 0")
     .Attr("takeover: bool = false")
+    .Attr("session: int = 0")
     .Attr(kEngineAttr)
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::NoOutputs);
@@ -68,6 +72,15 @@ TTE_OP("LeasedTPUEmbeddingEngine")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::ScalarShape);
 
+// The session id of the host engine `engine` (what the other workers'
+// routers stamp on their packets), 0 when there is none (never fails, as
+// the lease ops).
+TTE_OP("TPUEmbeddingHostSession")
+    .Output("session: int64")
+    .Attr(kEngineAttr)
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape);
+
 // ------------------------------------------------------ sharded data path
 // The enqueue/Recv/Send of a model whose tables
 // are sharded over embedding hosts (engine/routing.h; tf_tpu_emb/cluster/
@@ -78,7 +91,8 @@ TTE_OP("LeasedTPUEmbeddingEngine")
 // (per replica `device_ordinal`), which ShutdownTPUEmbeddingRouter forgets.
 // Route's `form`: "auto" (per output and step the form that moves fewer
 // bytes), "bags" or "rows" (forced), "host_filter" (the whole batch to every
-// host); see engine/routing.h.
+// host); see engine/routing.h.  Route's `session` is stamped on every
+// packet: the hosts' (ConfigureTPUEmbeddingHostShard's) session.
 // On host k: EnqueueTPUEmbeddingRoutedBatch, RecvTPUEmbeddingRoutedActivations,
 // SendTPUEmbeddingRoutedGradients on the engine of ConfigureTPUEmbeddingHostShard.
 
@@ -121,6 +135,7 @@ TTE_OP("RouteTPUEmbeddingArbitraryTensorBatch")
     .Attr("config: string")
     .Attr("router: string")
     .Attr("form: {'auto', 'bags', 'rows', 'host_filter'} = 'auto'")
+    .Attr("session: int = 0")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) -> absl::Status {
       TF_RETURN_IF_ERROR(CombinersLengthShapeFn(c));

@@ -57,7 +57,8 @@ SHARDED_OP_NAMES = ("RouteTPUEmbeddingArbitraryTensorBatch",
 EXTRA_OP_NAMES = ("ShutdownTPUEmbedding", "ConfigureTPUEmbeddingHostShard", "EmbeddingBag",
                   "EmbeddingBagGrad", "AssertTPUEmbeddingEnqueued", "RetrieveTPUEmbeddingStepCount",
                   "LoadTPUEmbeddingStepCount", "RenewTPUEmbeddingLease",
-                  "LeasedTPUEmbeddingEngine", "ClaimTPUEmbeddingHost") + SHARDED_OP_NAMES + tuple(
+                  "LeasedTPUEmbeddingEngine", "ClaimTPUEmbeddingHost",
+                  "TPUEmbeddingHostSession") + SHARDED_OP_NAMES + tuple(
     n for o, n in zip(OPTIMIZERS * 2, _table_op_names("Load") + _table_op_names("Retrieve"))
     if not o.core_has_table_ops)
 
@@ -253,16 +254,19 @@ def is_tpu_embedding_initialized(config="", engine="", name=None):
 
 
 def configure_tpu_embedding_host_shard(config, host_id, lease_seconds=0.0, takeover=False,
-                                       engine="", name=None):
+                                       engine="", session=0, name=None):
     """ConfigureTPUEmbedding for host ``host_id`` of the config's ``num_hosts``:
     the engine holds only that host's shard of every table and slot (the rows
     Load/Retrieve with ``num_shards=num_hosts, shard_id=host_id`` address).
     ``lease_seconds > 0``: the engine is a trainer's host lease, refused while
     another one runs unless ``takeover``, kept by
-    :func:`renew_tpu_embedding_lease`."""
+    :func:`renew_tpu_embedding_lease`.  ``session``: the sharded model's
+    session id (a signed 64-bit int): the host takes only routed packets
+    stamped with it (:func:`route_tpu_embedding_arbitrary_tensor_batch`), and
+    refuses a replayed one; 0 (an engine fed by hand) checks no replay."""
     return _gen("ConfigureTPUEmbeddingHostShard")(
         config=config, host_id=host_id, lease_seconds=float(lease_seconds),
-        takeover=bool(takeover), engine=engine, name=name)
+        takeover=bool(takeover), session=int(session), engine=engine, name=name)
 
 
 def renew_tpu_embedding_lease(engine="", name=None):
@@ -283,6 +287,12 @@ def claim_tpu_embedding_host(takeover=False, engine="", name=None):
 def leased_tpu_embedding_engine(name=None):
     """The name of the engine holding this process's host lease, or ""."""
     return _gen("LeasedTPUEmbeddingEngine")(name=name)
+
+
+def tpu_embedding_host_session(engine="", name=None):
+    """The session id of the host engine ``engine`` (0 when there is none;
+    never fails)."""
+    return _gen("TPUEmbeddingHostSession")(engine=engine, name=name)
 
 
 def retrieve_tpu_embedding_step_count(engine="", name=None):
@@ -317,7 +327,8 @@ def assert_tpu_embedding_enqueued(operation="RecvTPUEmbeddingActivations", engin
 
 def route_tpu_embedding_arbitrary_tensor_batch(
         sample_indices_or_row_splits, embedding_indices, aggregation_weights, mode_override,
-        *, num_hosts, device_ordinal, config, router, combiners=None, form="auto", name=None):
+        *, num_hosts, device_ordinal, config, router, combiners=None, form="auto", session=0,
+        name=None):
     """On the worker: one replica's ArbitraryTensorBatch inputs checked and
     split over the config's ``num_hosts`` embedding hosts.  Returns
     ``(host_batches, host_floats, sequence)``: one packed uint8 batch per host
@@ -328,13 +339,15 @@ def route_tpu_embedding_arbitrary_tensor_batch(
     ``router`` (replica ``device_ordinal``) for
     :func:`combine_tpu_embedding_routed_activations`.  ``form``: "auto" (per
     output and step, whichever of "bags" and "rows" moves fewer bytes), one
-    of them, or "host_filter" (every host gets the whole batch)."""
+    of them, or "host_filter" (every host gets the whole batch).  ``session``:
+    the hosts' session id (their :func:`configure_tpu_embedding_host_shard`'s),
+    stamped on every packet."""
     out = _gen("RouteTPUEmbeddingArbitraryTensorBatch")(
         sample_indices_or_row_splits=sample_indices_or_row_splits,
         embedding_indices=embedding_indices, aggregation_weights=aggregation_weights,
         mode_override=mode_override, num_hosts=num_hosts, device_ordinal=device_ordinal,
         combiners=list(combiners or []), config=config, router=router,
-        form=form, name=name)
+        form=form, session=int(session), name=name)
     return list(out[0]), out[1], out[2]
 
 

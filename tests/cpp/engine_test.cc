@@ -489,7 +489,14 @@ TEST(RouterSplitsABatchAndHostsRebuildTheirParts) {
     const Tensor cut = packed[1].Slice(0, plan.host_bytes[1] - 4);
     EnqueueInputs short_in{{}, {&cut}, {}};
     EXPECT_ERROR(RoutedBatchMapper("EnqRouted")->Map(*hosts[1], short_in, nullptr, &refused),
-                 Code::kInvalidArgument, "EnqRouted");
+                 Code::kDataLoss, "EnqRouted: host 1 of 2: the routed packet");
+    // One bit of the last array flipped: the checksum refuses it.
+    Tensor flipped(::tensorflow::DT_UINT8, TensorShape({plan.host_bytes[1]}));
+    flipped.flat<uint8_t>() = packed[1].flat<uint8_t>();
+    flipped.flat<uint8_t>()(plan.host_bytes[1] - 1) ^= 1;
+    EnqueueInputs flipped_in{{}, {&flipped}, {}};
+    EXPECT_ERROR(RoutedBatchMapper("EnqRouted")->Map(*hosts[1], flipped_in, nullptr, &refused),
+                 Code::kDataLoss, "is corrupt");
     EXPECT_TRUE(refused.outputs.empty());
   }
   Router::Drop("unit");

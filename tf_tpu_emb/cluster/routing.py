@@ -16,6 +16,12 @@ ops, which run in the caller's step (one per replica and phase):
 * :meth:`Router.split` -- the replica's activation gradients (and dynamic
   learning rates) as one tensor per host.
 
+Every packet carries the model's session id (the hosts' configure got the
+same one), its sequence number and a checksum: a host refuses a truncated or
+corrupt packet (``DataLoss``), one of another session or a replayed one
+(``FailedPrecondition``) and changes nothing (``engine/routing.h``, "Packet
+integrity").
+
 Per output and step the C++ side picks the smaller of two forms (the bags a
 host holds ids of with their partial sums, or the distinct rows it holds
 with the combiner applied on the worker); ``engine/routing.h`` says how each
@@ -52,12 +58,14 @@ class Router:
     (its ops' attr); ``form``: "auto" (the library's), or for
     tests and benchmarks "bags", "rows" or "host_filter" (every host gets the
     whole batch and keeps its own ids: the alternative design
-    ``benchmarks/cluster_breakdown.py`` measures).
+    ``benchmarks/cluster_breakdown.py`` measures); ``session``: the hosts'
+    session id (:func:`new_session`; their
+    ``ConfigureTPUEmbeddingHostShard``'s), stamped on every packet.
     """
 
     FORMS = ("auto", "bags", "rows", "host_filter")
 
-    def __init__(self, config, features, num_hosts, form="auto", name=None):
+    def __init__(self, config, features, num_hosts, form="auto", name=None, session=0):
         if form not in self.FORMS:
             raise ValueError("form must be one of %s, got %r" % (self.FORMS, form))
         self.features = list(features)
@@ -68,6 +76,7 @@ class Router:
         self.config = config
         self.num_hosts = int(num_hosts)
         self.form = form
+        self.session = int(session)
         # The router's name is an attr of its ops: ShardedEngine names it after
         # its (pooled) engine name, so model churn does not grow TF's kernel
         # cache; without one, a fresh name.
@@ -90,7 +99,7 @@ class Router:
         return ops.route_tpu_embedding_arbitrary_tensor_batch(
             indices, values, weights, mode, num_hosts=self.num_hosts, device_ordinal=replica,
             config=self.config, router=self.name, combiners=self.combiners,
-            form=self.form, name=name)
+            form=self.form, session=self.session, name=name)
 
     def combine(self, host_activations, replica, name=None):
         """The replica's activations (Recv's outputs) from the hosts' parts."""
@@ -110,6 +119,15 @@ class Router:
 
     def __repr__(self):
         return "Router(%r, %d hosts)" % (self.name, self.num_hosts)
+
+
+def new_session():
+    """A random session id for a sharded model's hosts (a nonzero signed
+    64-bit int; os.urandom: a user's seeded random stream must not move)."""
+    while True:
+        session = int.from_bytes(os.urandom(8), "little", signed=True)
+        if session:
+            return session
 
 
 def bytes_per_host(host_batches, host_floats, training=True, learning_rates=0):

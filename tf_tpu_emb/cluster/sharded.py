@@ -7,7 +7,10 @@ its job, engine replica r = the task's CPU device r) the way
 
 * ``configure``: ``ConfigureTPUEmbeddingHostShard(config, host_id=k)`` on every host
   (the config's ``num_hosts`` = S): host k allocates only shard k of every
-  table and slot (empty for a table of fewer than S rows, TF's layout);
+  table and slot (empty for a table of fewer than S rows, TF's layout), under
+  the model's random session id, which the worker's router stamps on every
+  packet (a host refuses a packet of another session, a replayed, truncated
+  or corrupt one: ``engine/routing.h``, "Packet integrity");
 * ``load`` / ``retrieve``: a whole table (TF's TPU-embedding layout, the same
   whatever S) cut into the S shards of the config's sharding strategy and
   loaded with ``num_shards=S, shard_id=k``, and reassembled after retrieval
@@ -103,6 +106,9 @@ class ShardedEngine(backend.Backend):
         self.replica_offset = int(replica_offset)
         self._owner = owner
         self._generation = None
+        # The hosts' session id: chosen by configure, kept by reconfigure
+        # (traced steps carry it), read from the hosts by attach.
+        self.session = 0
         self.configured = False
 
     def replica(self, local_replica):
@@ -130,6 +136,7 @@ class ShardedEngine(backend.Backend):
             self.engine = engine_registry.name_for(self._owner, prefix=lease.SESSION_PREFIX)
         else:  # a backend without an owning object: a name of its own
             self.engine = engine_registry.EngineName(lease.SESSION_PREFIX).name
+        self.session = routing.new_session()
         self._configure_hosts(takeover)
         self.wait_for_hosts()
         self._make_router()
@@ -139,7 +146,8 @@ class ShardedEngine(backend.Backend):
     def _make_router(self):
         if self.router is None:
             self.router = routing.Router(self.config, self.features, self.num_hosts,
-                                         name="router_" + self.engine)
+                                         name="router_" + self.engine, session=self.session)
+        self.router.session = self.session
 
     def _configure_hosts(self, takeover):
         # Every host's lease first (evicting ended ones): a refusal is an
@@ -157,7 +165,7 @@ class ShardedEngine(backend.Backend):
                 with self.hosts.synchronous(), tf.device(self._device(k)):
                     ops.configure_tpu_embedding_host_shard(
                         self.config, k, lease_seconds=self.hosts.lease_s, takeover=takeover,
-                        engine=self.engine)
+                        engine=self.engine, session=self.session)
                 done.append(k)
         except tf.errors.OpError as e:  # leave no host configured behind
             self._shut_down_hosts(done)
@@ -201,6 +209,19 @@ class ShardedEngine(backend.Backend):
                 "before the other workers".format(", ".join(
                     "host %d: %s" % (k, n) for k, n in enumerate(names))))
         self.engine = names[0]
+        sessions = []
+        for k in range(self.num_hosts):
+            with tf.device(self._device(k)):
+                # .numpy(): a lazy build runs this inside a traced step, where
+                # autograph would make int() of a tensor a cast.
+                sessions.append(int(ops.tpu_embedding_host_session(engine=self.engine).numpy()))
+        if len(set(sessions)) > 1:
+            raise tf.errors.FailedPreconditionError(
+                None, None, "the embedding hosts' engines {!r} belong to different sessions "
+                "({}): a host was configured again by another trainer".format(
+                    self.engine, ", ".join("host %d: %d" % (k, s)
+                                           for k, s in enumerate(sessions))))
+        self.session = sessions[0]
         self._make_router()
 
     def shutdown(self):
