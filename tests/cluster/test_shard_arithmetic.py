@@ -17,7 +17,7 @@ from tf_tpu_emb import sharding
 from tf_tpu_emb.cluster import routing
 from tf_tpu_emb.features import Feature
 
-HEADER_WORDS, OUTPUT_WORDS = 8, 4  # engine/routing.h, namespace packed
+HEADER_WORDS, OUTPUT_WORDS = 10, 4  # engine/routing.h, namespace packed (version 2)
 WEIGHTS, SCALES, IDS64 = 1, 2, 4
 
 
