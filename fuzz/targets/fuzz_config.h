@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "core/config.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
 #include "core/optimizers.h"
 #include "fuzz/targets/fuzz_input.h"
 
@@ -22,7 +24,48 @@ struct ConfigLimits {
   int64_t max_vocabulary = 64;
   int max_dimension = 8;
   bool every_optimizer = false;  // else stochastic gradient descent only
+  // Every scalar of each table's optimization parameters fuzzed (the
+  // optimizer's hyper-parameters, clipping, weight decay, gradient
+  // accumulation, a dynamic learning rate, simulated quantization: whatever
+  // the proto holds), and the pipelining flag; else proto defaults.
+  bool fuzz_parameters = false;
 };
+
+// Every scalar field of `m` set from the input (numbers mostly small and
+// finite, sometimes anything fuzz::FuzzInput::Float gives), its message
+// fields recursed into `depth` levels; of a oneof only the member set
+// already (the table's optimizer) or, where none is, one the input picks.
+inline void FuzzScalars(FuzzInput& in, google::protobuf::Message* m, int depth) {
+  using FD = google::protobuf::FieldDescriptor;
+  const auto* d = m->GetDescriptor();
+  const auto* r = m->GetReflection();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FD* f = d->field(i);
+    if (f->is_repeated() || !in.ConsumeBool()) continue;
+    if (const auto* oneof = f->containing_oneof()) {
+      const FD* set = r->GetOneofFieldDescriptor(*m, oneof);
+      if (set != nullptr ? set != f : in.ConsumeBool()) continue;
+    }
+    switch (f->cpp_type()) {
+      case FD::CPPTYPE_FLOAT: r->SetFloat(m, f, in.In(0, 3) == 0 ? in.Float() : in.FiniteIn(0, 2)); break;
+      case FD::CPPTYPE_DOUBLE: r->SetDouble(m, f, in.In(0, 3) == 0 ? in.Float() : in.FiniteIn(0, 2)); break;
+      case FD::CPPTYPE_BOOL: r->SetBool(m, f, in.ConsumeBool()); break;
+      case FD::CPPTYPE_INT32: r->SetInt32(m, f, in.Mostly(0, 8)); break;
+      case FD::CPPTYPE_INT64: r->SetInt64(m, f, in.Mostly<int64_t>(0, 8)); break;
+      case FD::CPPTYPE_UINT32: r->SetUInt32(m, f, in.Mostly<uint32_t>(0, 8)); break;
+      case FD::CPPTYPE_UINT64: r->SetUInt64(m, f, in.Mostly<uint64_t>(0, 8)); break;
+      case FD::CPPTYPE_ENUM: {
+        const auto* e = f->enum_type();
+        r->SetEnum(m, f, e->value(in.In(0, e->value_count() - 1)));
+        break;
+      }
+      case FD::CPPTYPE_STRING: r->SetString(m, f, in.Name({"lr", "a", "b"})); break;
+      case FD::CPPTYPE_MESSAGE:
+        if (depth > 0) FuzzScalars(in, r->MutableMessage(m, f), depth - 1);
+        break;
+    }
+  }
+}
 
 // The implemented optimizers, in the table's order.
 inline std::vector<const OptimizerSpec*> ImplementedOptimizers() {
@@ -65,7 +108,15 @@ inline TPUEmbeddingConfiguration BuildConfig(FuzzInput& in, const ConfigLimits& 
       }
     }
     SetOptimizer(*spec, d->mutable_optimization_parameters());
+    if (limits.fuzz_parameters) {
+      FuzzScalars(in, d->mutable_optimization_parameters(), 3);
+      if (in.In(0, 3) == 0) {  // a dynamic learning rate: Send's learning_rates[tag]
+        d->mutable_optimization_parameters()->mutable_learning_rate()->mutable_dynamic()->set_tag(
+            in.Mostly(0, 2));
+      }
+    }
   }
+  if (limits.fuzz_parameters) c.set_pipeline_execution_with_tensor_core(in.ConsumeBool());
   if (in.ConsumeBool()) {  // feature descriptors: every table has one
     const int extra = in.In(0, 2);
     for (int f = 0; f < num_tables + extra; ++f) {
