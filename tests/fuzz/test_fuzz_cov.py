@@ -1,6 +1,6 @@
 """The coverage-guided fuzz targets (fuzz/targets/*.cc) in CI: every target
 built once under ASan+UBSan with libFuzzer (fuzz/build.py) and run about
-10 s from its committed seeds, its regression inputs
+6 s from its committed seeds, its regression inputs
 (fuzz/regressions/<target>/, replayed first) and the working corpus of
 earlier runs (fuzz/run.py); any finding fails the test, with its input and
 REPLAY.txt under out/fuzz-cov/findings/<target>/.  The sanitizer lane runs
@@ -21,7 +21,7 @@ import build as fuzz_build  # noqa: E402  (fuzz/build.py)
 
 pytestmark = pytest.mark.system  # compiles and runs child processes
 
-SECONDS = int(os.environ.get("TF_TPU_EMB_FUZZ_COV_SECONDS", "10"))
+SECONDS = int(os.environ.get("TF_TPU_EMB_FUZZ_COV_SECONDS", "6"))
 TARGETS = fuzz_build.targets()
 LINE = re.compile(r"^fuzz-cov (\S+): (\d+) execs, (\d+) edges, (\d+) findings$", re.M)
 
