@@ -1,5 +1,6 @@
 // The one huge-page allocation of the library: buffers 2 MiB aligned, whole
-// huge pages long and advised for transparent huge pages; and the advice for
+// huge pages long and advised for transparent huge pages (for buffers of at
+// least kMinBytes: AllocateRows gives smaller ones plain memory); and the advice for
 // a buffer someone else allocated (the JAX handlers' tables, which XLA
 // owns: AdviseBuffer).  The engine's
 // tables and slots (engine/table.cc's FloatBuffer) and the SparseCore
@@ -32,6 +33,12 @@ namespace tf_tpu_emb {
 namespace huge_pages {
 
 constexpr size_t kHugePage = size_t{2} << 20;
+// Buffers smaller than this gain little from huge pages and would waste up
+// to 2 MiB each (a model of many small tables: each table and slot a whole
+// huge page): they get plain memory (AllocateRows).
+constexpr size_t kMinBytes = size_t{4} << 20;
+// The alignment of a plain buffer: a cache line.
+constexpr size_t kLine = 64;
 
 // `bytes` (at least 1) rounded up to whole huge pages; false on overflow.
 inline bool RoundUp(size_t bytes, size_t* rounded) {
@@ -57,6 +64,16 @@ inline void* Allocate(size_t bytes, size_t alignment = kHugePage) {
 
 inline void Free(void* p) { std::free(p); }
 
+// Memory for rows read and written at random (an embedding table or slot)
+// of `bytes` bytes: huge pages (Allocate) from kMinBytes on, else a plain
+// buffer aligned to a cache line and rounded up to one.  nullptr when the
+// size overflows or the memory is not there.  Released with Free.
+inline void* AllocateRows(size_t bytes) {
+  if (bytes >= kMinBytes) return Allocate(bytes);
+  const size_t rounded = (std::max<size_t>(bytes, 1) + kLine - 1) / kLine * kLine;
+  return std::aligned_alloc(kLine, rounded);
+}
+
 // Whether huge pages can be had at all: false where transparent huge pages
 // are off ("[never]" in sysfs) or unknown (no sysfs file).
 inline bool Available() {
@@ -77,7 +94,7 @@ inline bool Available() {
 // `min_bytes` and systems without huge pages are left alone.  Only a hint:
 // the contents never change, and callers ignore the result, which says
 // whether the collapse was asked for and the kernel did it (tests/cpp).
-inline bool AdviseRange(void* p, size_t bytes, bool collapse, size_t min_bytes = size_t{4} << 20) {
+inline bool AdviseRange(void* p, size_t bytes, bool collapse, size_t min_bytes = kMinBytes) {
   if (bytes < min_bytes || !Available()) return false;
   const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + kHugePage - 1) / kHugePage * kHugePage;
   const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes) / kHugePage * kHugePage;

@@ -24,10 +24,12 @@ absl::Status FloatBuffer::Allocate(int64_t num_floats, float fill, bool bf16) {
                      " floats for an embedding table: the byte count "
                      "overflows int64"));
   }
-  void* p = huge_pages::Allocate(rounded);
+  // Huge pages for a large buffer, plain memory for a small one
+  // (core/huge_pages.h: a huge page each would cost 2 MiB a small table).
+  void* p = huge_pages::AllocateRows(static_cast<size_t>(bytes));
   if (p == nullptr) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("cannot allocate ", rounded, " bytes for an embedding table"));
+        absl::StrCat("cannot allocate ", bytes, " bytes for an embedding table"));
   }
   data_ = p;
   bf16_ = bf16;

@@ -19,8 +19,9 @@
 namespace tf_tpu_emb {
 
 // Rows of floats, stored as float32 (data()) or bfloat16 (half(),
-// core/bf16.h), 2 MiB aligned and backed by transparent huge pages where the
-// kernel allows: random row gathers are bound by TLB misses.
+// core/bf16.h); a large buffer 2 MiB aligned and backed by transparent huge
+// pages where the kernel allows (random row gathers are bound by TLB
+// misses), a small one cache-line aligned (core/huge_pages.h AllocateRows).
 class FloatBuffer {
  public:
   FloatBuffer() = default;

@@ -23,7 +23,7 @@ namespace sc_kernels {
 class HugePageAllocator : public ::tensorflow::Allocator {
  public:
   // Buffers smaller than this gain little and waste up to 2 MiB each.
-  static constexpr size_t kMinBytes = size_t{4} << 20;
+  static constexpr size_t kMinBytes = huge_pages::kMinBytes;
 
   // The process's one instance (never destroyed: tensors may outlive any
   // owner).
