@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "core/config.h"
-#include "google/protobuf/descriptor.h"
-#include "google/protobuf/message.h"
 #include "core/optimizers.h"
 #include "fuzz/targets/fuzz_input.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
 
 namespace tf_tpu_emb {
 namespace fuzz {
@@ -47,8 +47,12 @@ inline void FuzzScalars(FuzzInput& in, google::protobuf::Message* m, int depth) 
       if (set != nullptr ? set != f : in.ConsumeBool()) continue;
     }
     switch (f->cpp_type()) {
-      case FD::CPPTYPE_FLOAT: r->SetFloat(m, f, in.In(0, 3) == 0 ? in.Float() : in.FiniteIn(0, 2)); break;
-      case FD::CPPTYPE_DOUBLE: r->SetDouble(m, f, in.In(0, 3) == 0 ? in.Float() : in.FiniteIn(0, 2)); break;
+      case FD::CPPTYPE_FLOAT:
+        r->SetFloat(m, f, in.In(0, 3) == 0 ? in.Float() : in.FiniteIn(0, 2));
+        break;
+      case FD::CPPTYPE_DOUBLE:
+        r->SetDouble(m, f, in.In(0, 3) == 0 ? in.Float() : in.FiniteIn(0, 2));
+        break;
       case FD::CPPTYPE_BOOL: r->SetBool(m, f, in.ConsumeBool()); break;
       case FD::CPPTYPE_INT32: r->SetInt32(m, f, in.Mostly(0, 8)); break;
       case FD::CPPTYPE_INT64: r->SetInt64(m, f, in.Mostly<int64_t>(0, 8)); break;
