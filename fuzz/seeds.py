@@ -11,6 +11,11 @@ files; a target's folder is replaced whole.  Keep each target under 100 KB.
 `sparsecore_preprocess`, `jax_ffi`: byte 0 each of the target's paths, the
 rest random (their decoding makes mostly well-formed inputs of any bytes).
 
+`host_packets` has no generator here: its seeds are packets the worker's
+Router makes, which only the target (with its engine) can build; it writes
+them itself at start-up with HOST_PACKETS_WRITE_SEEDS=<folder>
+(fuzz/targets/host_packets.cc).
+
 `config_init` (fuzz/targets/config_init.cc): byte 0 the configure variant,
 byte 1 the shard count and id, then a TPUEmbeddingConfiguration from the
 random-case fuzz suite's generator (tests/fuzz/fuzz_configs.py), in feature
