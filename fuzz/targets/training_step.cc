@@ -4,7 +4,8 @@
 // config built from the input with every optimizer and every scalar of its
 // optimization parameters fuzzed (fuzz/targets/fuzz_config.h: hyper-parameters,
 // clipping, weight decay, gradient accumulation, dynamic learning rates,
-// simulated quantization, pipelining), then one to three steps: per replica
+// simulated quantization, pipelining) and float32 or bfloat16 storage
+// (TF_TPU_EMB_STORAGE), then one to three steps: per replica
 // a well-formed batch (ids inside the vocabulary, weights finite or none,
 // the three combiners), Recv's wait and lookup, and Send's gradients (mostly
 // small, sometimes NaN, infinite or huge, as a model can produce: the TPU
@@ -18,7 +19,9 @@
 // arithmetic may give NaN or infinities: the TPU's does too); Recv has the
 // enqueued batch at once (nothing else runs); Send returns OK for
 // well-shaped gradients; each step applies exactly once, when the last
-// replica has sent (or, pipelined, by WaitForApply); and a table whose
+// replica has sent (or, pipelined, by WaitForApply); a step aborted part-way
+// (a replica's Send invalid: Engine::AbortStep) applies nothing, every
+// table and slot bit-equal; and a table whose
 // optimizer is lazy (engine/table.h UpdateSettings::non_lazy false) keeps
 // every row no id of the step touched bit-equal.
 #include <cmath>
@@ -59,9 +62,23 @@ Batch RandomBatch(FuzzInput& in, const Engine& e) {
   return b;
 }
 
-// A table's parameters (float32 storage: the fuzz config sets no
-// TF_TPU_EMB_STORAGE), vocab x dim floats.
-const float* Values(const Table& t) { return t.state[0]->data(); }
+// A table's parameters as bytes (float32 or bfloat16 storage), and one
+// row's size.
+const char* Bytes(const Table& t) { return reinterpret_cast<const char*>(t.state[0]->data()); }
+int64_t RowBytes(const Table& t) { return t.dimension * int64_t{t.state[0]->element_bytes()}; }
+
+// Every table's parameters and slots, byte for byte.
+std::vector<std::string> Snapshot(const Engine& e) {
+  std::vector<std::string> out;
+  for (int t = 0; t < e.num_tables(); ++t) {
+    const Table& table = e.table(t);
+    for (const auto& buffer : table.state) {
+      out.emplace_back(reinterpret_cast<const char*>(buffer->data()),
+                       table.vocabulary_size * RowBytes(table));
+    }
+  }
+  return out;
+}
 
 }  // namespace
 }  // namespace tf_tpu_emb
@@ -79,6 +96,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   limits.fuzz_parameters = true;
   TPUEmbeddingConfiguration config = fuzz::BuildConfig(in, limits);
   config.set_mode(TPUEmbeddingConfiguration::TRAINING);
+  // The tables' storage (engine/table.h ReadStorageFromEnvironment, read at
+  // configure): float32, bfloat16 with stochastic rounding, per table, or
+  // a malformed setting (refused).
+  const std::string storage = in.Name({"fp32", "bf16", "t0=bf16", "bf16,t1=fp32", "t2=bf16"});
+  setenv("TF_TPU_EMB_STORAGE", storage.c_str(), 1);
   EnginePtr engine;
   if (!Engine::Create(config.SerializeAsString(), &engine).ok()) return 0;
   Engine& e = *engine;
@@ -109,11 +131,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     if (e.table_without_learning_rate() >= 0) return 0;  // Send refuses (its kernel)
     // The tables before the update, and the rows the step touches.
-    std::vector<std::vector<float>> before(e.num_tables());
+    std::vector<std::vector<char>> before(e.num_tables());
     std::vector<std::vector<bool>> touched(e.num_tables());
     for (int t = 0; t < e.num_tables(); ++t) {
       const Table& table = e.table(t);
-      before[t].assign(Values(table), Values(table) + table.vocabulary_size * table.dimension);
+      before[t].assign(Bytes(table), Bytes(table) + table.vocabulary_size * RowBytes(table));
       touched[t].assign(table.vocabulary_size, false);
     }
     for (const Batch& b : batches) {
@@ -122,7 +144,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
     }
     const uint64_t applied = e.steps_applied();
+    const std::vector<std::string> state_before = Snapshot(e);
+    // Sometimes a replica's Send is invalid (its kernel then aborts the
+    // step, kernels/recv_send_kernels.cc): the replicas before it have sent.
+    const int abort_at = in.In(0, 5) == 0 ? in.In(0, replicas - 1) : -1;
     for (int r = 0; r < replicas; ++r) {
+      if (r == abort_at) {
+        e.AbortStep("fuzz: replica's Send was invalid");
+        e.WaitForApply();
+        // Nothing of the step applies: every table and slot as before.
+        FUZZ_CHECK(e.steps_applied() == applied);
+        FUZZ_CHECK(Snapshot(e) == state_before, "an aborted step changed a table or slot");
+        return 0;
+      }
       std::vector<::tensorflow::Tensor> grads;
       for (const OutputSpec& o : e.outputs()) {
         ::tensorflow::Tensor g(::tensorflow::DT_FLOAT, o.recv_shape);
@@ -142,11 +176,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (int t = 0; t < e.num_tables(); ++t) {
       const Table& table = e.table(t);
       if (table.update.non_lazy) continue;
-      const int64_t dim = table.dimension;
+      const int64_t row_bytes = RowBytes(table);
       for (int64_t row = 0; row < table.vocabulary_size; ++row) {
         if (touched[t][row]) continue;
-        FUZZ_CHECK(std::memcmp(before[t].data() + row * dim, Values(table) + row * dim,
-                               sizeof(float) * dim) == 0,
+        FUZZ_CHECK(std::memcmp(before[t].data() + row * row_bytes, Bytes(table) + row * row_bytes,
+                               row_bytes) == 0,
                    "table %d row %ld changed without an id", t, static_cast<long>(row));
       }
     }
