@@ -14,7 +14,12 @@ pytestmark = pytest.mark.system  # child processes, servers or compilers
 BENCH = os.path.join(harness.ROOT, "benchmarks", "bench_steady.py")
 
 
-@pytest.mark.parametrize("mode,per_call", [("forward", 1), ("sgd", 1), ("sgd", 2)])
+# CI (the sanitizer lane) runs the training mode with several steps a call;
+# the forward mode and one step a call are the `long` tier's (end-to-end
+# runs of a benchmark beside the engine tests of the same code).
+@pytest.mark.parametrize("mode,per_call", [pytest.param("forward", 1, marks=pytest.mark.long),
+                                           pytest.param("sgd", 1, marks=pytest.mark.long),
+                                           ("sgd", 2)])
 def test_quick_run(mode, per_call):
     result = harness.run_python([BENCH, "--quick", "--mode", mode, "--steps", "3",
                                  "--warmup", "1", "--steps-per-call", str(per_call)],
