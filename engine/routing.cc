@@ -530,9 +530,12 @@ absl::Status Router::Combine(const RoutePlan& plan, const std::vector<const floa
       if (table_outputs_[t].empty()) return absl::OkStatus();
       const int c = table_outputs_[t][0];
       const RoutedOutput& r = plan.outputs[c];
-      if (r.form != packed::kRows) return absl::OkStatus();
+      // No row of the table in the batch: nothing to join (and memcpy must not
+      // get the null data of an empty vector, even for 0 bytes).
+      if (r.form != packed::kRows || r.row_start.back() == 0) return absl::OkStatus();
       joined[t].resize(r.row_start.back() * r.dim);
       for (int k = 0; k < num_hosts_; ++k) {
+        if (r.rows[k].empty()) continue;
         std::memcpy(joined[t].data() + r.row_start[k] * r.dim,
                     host[k] + plan.host_float_offsets[k][c],
                     sizeof(float) * r.rows[k].size() * r.dim);

@@ -78,6 +78,8 @@ GENERATORS = {
     "load_retrieve": _random_bytes([32, 64, 128, 256, 512] * 4),
     # fuzz/targets/training_step.cc: a config, then batches and gradients.
     "training_step": _random_bytes([128, 256, 512, 1024, 2048] * 4),
+    # fuzz/targets/routed_step.cc: a config, then two steps' batches and gradients.
+    "routed_step": _random_bytes([256, 512, 1024, 2048, 4096] * 4),
     # fuzz/targets/sparsecore_preprocess.cc: its five paths (the V2 pipeline, the
     # minibatching path, the sort, the CSR buffers, the minibatching ops), whose
     # decoding makes mostly well-formed batches of any bytes.

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "fuzz/targets/fuzz_batch.h"
 #include "fuzz/targets/fuzz_config.h"
 #include "fuzz/targets/fuzz_input.h"
 
@@ -38,29 +39,7 @@ namespace tf_tpu_emb {
 namespace {
 
 using fuzz::FuzzInput;
-
-// A well-formed batch for every output: CSR over its positions (bags), ids
-// inside the table's vocabulary, weights none or one finite value per id.
-Batch RandomBatch(FuzzInput& in, const Engine& e) {
-  Batch b;
-  for (const OutputSpec& o : e.outputs()) {
-    OutputBatch ob;
-    const int64_t vocab = e.table(o.table).vocabulary_size;
-    ob.offsets.push_back(0);
-    for (int64_t p = 0; p < o.positions; ++p) {
-      const int64_t n = in.In<int64_t>(0, 3);
-      for (int64_t k = 0; k < n; ++k) ob.ids.push_back(in.In<int64_t>(0, vocab - 1));
-      ob.offsets.push_back(static_cast<int64_t>(ob.ids.size()));
-    }
-    if (in.ConsumeBool()) {
-      for (size_t k = 0; k < ob.ids.size(); ++k) ob.weights.push_back(in.FiniteIn(-2, 2));
-    }
-    const int kinds = in.In(1, 3);
-    for (int k = 0; k < kinds; ++k) ob.slot_combiners.push_back(static_cast<Combiner>(in.In(0, 2)));
-    b.outputs.push_back(std::move(ob));
-  }
-  return b;
-}
+using fuzz::RandomBatch;
 
 // A table's parameters as bytes (float32 or bfloat16 storage), and one
 // row's size.
