@@ -63,7 +63,7 @@ export CCACHE_BASEDIR ?= $(CURDIR)
 # (tools/run_notebook.py: `make quickstart` and tests/demo/test_quickstart_notebook.py).
 NOTEBOOK_REQ = nbclient==0.11.0 ipykernel==7.4.0
 
-.PHONY: all venv build test test-quick test-all cpp-test demo movielens bench bench-peers bazel-check bazel-install clean fuzz sanitize \
+.PHONY: all venv build ccache-dep test test-quick test-all cpp-test demo movielens bench bench-peers bazel-check bazel-install clean fuzz sanitize \
         fuzz-deps fuzz-cov fuzz-cov-all fuzz-cov-report \
         test-tf test-tfio lane-build tfio-build package-check wheel wheel-check release-check \
         tools-venv clients-venv test-clients \
@@ -92,12 +92,22 @@ $(UV):
 # what gets imported, so `pytest` from the repository root sees the built package.
 # build_ext prints a line per compiled file (pip -q would hide them); the
 # editable install that follows finds the objects up to date and only links.
-$(VENV)/.built: $(VENV)/.deps $(SRCS)
+$(VENV)/.built: $(VENV)/.deps $(SRCS) | ccache-dep
 	$(PY) setup.py -q build_ext --inplace
 	$(PIP) install -q --no-build-isolation --no-deps -e .
 	touch $@
 
 build: $(VENV)/.built
+
+# ccache from Debian (root + apt) where it is missing: every build of the
+# tree (this one, the sanitizer's and the old-TF lane's copies, the package
+# check's sdist, a later clone) then compiles a translation unit once per
+# flag set and source (about 10 s each: TensorFlow's headers) instead of
+# once per build.  Optional: without root or apt the builds compile everything.
+ccache-dep:
+	@command -v ccache >/dev/null 2>&1 || \
+	  (apt-get update -q >/dev/null && apt-get install -y -q ccache >/dev/null && echo "== ccache installed") || \
+	  echo "== ccache is not installed (apt as root failed): every build compiles every file"
 
 # Test tiers (docs/contributing.md "Tests and CI lanes"; markers in
 # pyproject.toml): the default lane is every test but the `slow` ones (soak,
