@@ -241,8 +241,11 @@ SAN_PYTEST  = $(CURDIR)/$(VENV)/bin/pytest $(SAN_OPTS) $(XDIST)
 # The slow half is a few long tests, most in one file (the V2 stand-in at 4
 # and 8 replicas, a child process each): spread by test, not by file.
 SAN_PYTEST_BY_TEST = $(CURDIR)/$(VENV)/bin/pytest $(SAN_OPTS) -n $(PYTEST_JOBS) --dist load
+# The copy sees this tree's .venv-jax, where there is one (make venv-jax; CI's
+# test-jax lane makes it): the jax_ffi fuzz target builds against its jaxlib.
 sanitize: venv fuzz-deps
 	$(call build_in_copy,$(SAN_TREE),TF_TPU_EMB_SANITIZE=1 $(CURDIR)/$(PY))
+	test ! -x $(JAX_VENV)/bin/python || ln -sfn $(CURDIR)/$(JAX_VENV) $(SAN_TREE)/$(JAX_VENV)
 	cd $(SAN_TREE) && $(SAN_ENV) $(SAN_PYTEST) -m "not clients and not long" \
 	  $(filter-out $(SAN_SLOW_ONLY),$(SAN_TESTS)) $(PYTEST_ARGS)
 	cd $(SAN_TREE) && $(SAN_ENV) $(SAN_PYTEST_BY_TEST) -m "slow and not clients and not long" \
