@@ -14,10 +14,11 @@
 // fuzz-needs: tensorflow
 // clang-format on
 //
-// Two steps, pipelined or not.  The input picks the routing form (auto, bags, rows), whether
-// the worker's and hosts' loops use a thread pool, per host and replica
-// whether its Recv starts before its packet arrives (the wait, resumed by
-// the enqueue), whether the hosts apply in the background, and whether the
+// Two steps, pipelined or not.  The input picks the routing form (auto,
+// bags, rows), whether the worker's and hosts' loops use a thread pool, per
+// host and replica whether its Recv starts before its packet arrives (the
+// wait, resumed by the enqueue), whether the hosts apply in the background,
+// and whether the
 // second step's packets reach the hosts before the first step's Sends (as
 // a worker routes the next batch meanwhile: the hosts' Recvs of it may look
 // up the rows the update applied first while it applies the rest).  Then
@@ -128,7 +129,8 @@ void Await(PendingRecv& p) {
 
 // Awaits a Recv that must succeed, then looks its batch up as the Recv
 // kernels do (under the tables' shared lock) and puts it in flight.
-// `floats`: the output's size each output needs, laid end to end.
+// Returns RecvTPUEmbeddingRoutedActivations' output: each output's bags x
+// dim floats end to end, then the sequence; *sequence: the batch's.
 std::vector<float> Finish(Engine& e, int replica, PendingRecv& p, int64_t* sequence,
                           ::tsl::thread::ThreadPool* pool) {
   Await(p);
